@@ -1,0 +1,16 @@
+"""refimpl: the reference implementation of ggml in NumPy.
+
+Shapes are NumPy order; ggml's `ne` is the same list reversed. See docs/ and ../README.md.
+"""
+from .types import GGMLType, traits, type_traits, as_type
+from .qtensor import QTensor, quantize, dequantize
+
+__version__ = "0.1.0"
+__all__ = ["GGMLType", "QTensor", "quantize", "dequantize", "traits", "type_traits", "as_type", "gguf"]
+
+
+def __getattr__(name):
+    if name == "gguf":  # imported on first use: `refimpl.gguf.load(...)`
+        import importlib
+        return importlib.import_module(".gguf", __name__)
+    raise AttributeError(f"module 'refimpl' has no attribute {name!r}")

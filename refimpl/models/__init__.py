@@ -1,0 +1,1 @@
+"""Models as plain functions over refimpl's ops."""

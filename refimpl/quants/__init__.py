@@ -1,0 +1,59 @@
+"""Block formats of every ggml type: dequantizers and ggml's reference quantizers, in NumPy.
+
+Each format module registers functions that work on a whole array of blocks at once:
+
+    dequantizer:  (n_blocks, type_size) uint8   ->  (n_blocks, blck_size) float32
+    quantizer:    (n_blocks, blck_size) float32 ->  (n_blocks, type_size) uint8
+
+Quantizers are registered per *method*, because ggml has up to three entry points that do not always
+agree (`../docs/types.md` lists where they differ):
+
+    "chunk"  `ggml_quantize_chunk` without an importance matrix (what llama-quantize writes) -- the default
+    "ref"    `quantize_row_*_ref`, the type traits' `from_float_ref` (file conversion)
+    "cpu"    the CPU backend's `from_float` on x86 with AVX2: activations in `mul_mat`, `cpy`/`set_rows`
+
+A method that is not registered for a type falls back to "ref" (the three agree for that type).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..types import GGMLType
+
+DEQUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {}
+QUANTIZERS: dict[tuple[GGMLType, str], Callable[[np.ndarray], np.ndarray]] = {}
+METHODS = ("chunk", "ref", "cpu")
+
+
+def dequantizer(t: GGMLType):
+    def deco(fn):
+        DEQUANTIZERS[t] = fn
+        return fn
+    return deco
+
+
+def quantizer(t: GGMLType, *methods: str):
+    methods = methods or ("ref",)
+    for m in methods:
+        assert m in METHODS, m
+
+    def deco(fn):
+        for m in methods:
+            QUANTIZERS[(t, m)] = fn
+        return fn
+    return deco
+
+
+def get_quantizer(t: GGMLType, method: str = "chunk"):
+    if method not in METHODS:
+        raise ValueError(f"unknown quantize method {method!r}; one of {METHODS}")
+    fn = QUANTIZERS.get((t, method)) or QUANTIZERS.get((t, "ref"))
+    if fn is None:
+        raise ValueError(f"no {method!r} quantizer for ggml type {t.name}: ggml quantizes it only with an importance matrix, or not at all")
+    return fn
+
+
+# Importing the format modules fills the registries.
+from . import floats, legacy, kquants, ternary, fp4, iq  # noqa: E402,F401

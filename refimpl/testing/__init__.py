@@ -1,0 +1,76 @@
+"""Test toolkit: hypothesis strategies for ggml-shaped data, comparison helpers, the tolerance table.
+
+    from refimpl.testing import block_rows, qtensors, assert_bits_equal, assert_nmse, TOLERANCES
+    from refimpl.testing import ggml          # real ggml through ggml-python (optional)
+
+`nmse` is the normalised mean squared error exactly as ggml's test-backend-ops computes it:
+Σ(a-b)² / Σb² over all elements, in double precision.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .strategies import BLOCK_KINDS, block_bytes, block_rows, f32_tensor, ggml_ne, make_block, qtensors
+
+__all__ = ["BLOCK_KINDS", "block_rows", "block_bytes", "qtensors", "make_block", "ggml_ne", "f32_tensor",
+           "nmse", "assert_nmse", "assert_bits_equal", "Tol", "TOLERANCES", "tol"]
+
+
+def nmse(actual, expected) -> float:
+    a = np.asarray(actual, np.float64)
+    b = np.asarray(expected, np.float64)
+    den = np.sum(b * b)
+    num = np.sum((a - b) ** 2)
+    return float(num / den) if den else float(num)
+
+
+def assert_nmse(actual, expected, max_nmse: float, what: str = "") -> None:
+    a, b = np.asarray(actual), np.asarray(expected)
+    if a.shape != b.shape:
+        raise AssertionError(f"{what}: shape {a.shape} != expected {b.shape}")
+    e = nmse(a, b)
+    if not e <= max_nmse:
+        raise AssertionError(f"{what}: NMSE {e:.3e} > {max_nmse:.1e}")
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}.get(a.dtype.itemsize, np.uint8))
+
+
+def assert_bits_equal(actual, expected, what: str = "") -> None:
+    """Identical bit patterns (so +0 != -0 and NaN payloads count), with the first mismatches reported."""
+    a, b = np.asarray(actual), np.asarray(expected)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise AssertionError(f"{what}: {a.dtype}{a.shape} != expected {b.dtype}{b.shape}")
+    ba, bb = _bits(a), _bits(b)
+    bad = np.argwhere(ba != bb)
+    if len(bad):
+        lines = [f"  at {tuple(int(i) for i in ix)}: {a[tuple(ix)]!r} (0x{int(ba[tuple(ix)]):x}) "
+                 f"!= {b[tuple(ix)]!r} (0x{int(bb[tuple(ix)]):x})" for ix in bad[:8]]
+        raise AssertionError(f"{what}: {len(bad)} of {a.size} values differ in their bits\n" + "\n".join(lines))
+
+
+@dataclass(frozen=True)
+class Tol:
+    """One tolerance: `exact` (identical bits), or a bound on NMSE / max ULP, and why."""
+    exact: bool = False
+    nmse: float | None = None
+    max_ulp: int | None = None
+    why: str = ""
+
+
+# (what, type, against) -> Tol. Every tolerance refimpl's own tests use lives here, with its reason.
+TOLERANCES: dict[tuple[str, str, str], Tol] = {
+    ("dequantize", "*", "ggml"): Tol(exact=True, why="bytes in, the same f32 operations, identical floats out"),
+    ("quantize", "*", "ggml"): Tol(exact=True, why="the reference quantizers are deterministic f32 code"),
+}
+
+
+def tol(what: str, type: str = "*", against: str = "ggml") -> Tol:
+    for key in ((what, type, against), (what, "*", against)):
+        if key in TOLERANCES:
+            return TOLERANCES[key]
+    raise KeyError(f"no tolerance for {(what, type, against)}")

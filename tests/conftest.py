@@ -1,0 +1,11 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+# "dev" is quick; "ci" (selected by CI=true or HYPOTHESIS_PROFILE=ci) draws enough examples to reach
+# the rare blocks (ties, outliers, f16 overflow) for every type.
+settings.register_profile("dev", max_examples=40, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=300, deadline=None, derandomize=False,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
