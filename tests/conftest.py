@@ -9,3 +9,13 @@ settings.register_profile("dev", max_examples=40, deadline=None,
 settings.register_profile("ci", max_examples=300, deadline=None, derandomize=False,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ggml():
+    """The live ggml oracle (refimpl.testing.ggml); skipped only when ggml-python is not installed."""
+    pytest.importorskip("ggml", reason="ggml-python, the golden oracle, is not installed")
+    from refimpl.testing import ggml as oracle
+    return oracle
