@@ -17,10 +17,18 @@ def u8(blocks: np.ndarray, start: int, stop: int) -> np.ndarray:
     return blocks[:, start:stop]
 
 
+def f16_to_f32(h: np.ndarray) -> np.ndarray:
+    """ggml's f16 -> f32 (`GGML_FP16_TO_FP32`): exact, except that a signalling NaN comes out quiet."""
+    out = np.asarray(h, "<f2").astype(np.float32)
+    nan = np.isnan(out)
+    if nan.any():
+        out = np.where(nan, (out.view(np.uint32) | np.uint32(0x00400000)).view(np.float32), out)
+    return out
+
+
 def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
-    """The little-endian f16 at byte `offset` of every block, widened to f32 (exact), shape (n, 1)."""
-    b = np.ascontiguousarray(blocks[:, offset:offset + 2])
-    return b.view("<f2").astype(np.float32)
+    """The little-endian f16 at byte `offset` of every block, as f32 (`f16_to_f32`), shape (n, 1)."""
+    return f16_to_f32(np.ascontiguousarray(blocks[:, offset:offset + 2]).view("<f2"))
 
 
 def u16_fields(blocks: np.ndarray, start: int, count: int) -> np.ndarray:
@@ -32,9 +40,21 @@ def u32_fields(blocks: np.ndarray, start: int, count: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, start:start + 4 * count]).view("<u4")
 
 
-def f16_bytes(v: np.ndarray) -> np.ndarray:
-    """fl16(v) as two little-endian bytes per value: (n,) or (n, 1) f32 -> (n, 2) uint8 (round to nearest even)."""
-    return np.ascontiguousarray(np.asarray(v, np.float32).reshape(-1).astype("<f2")).view(np.uint8).reshape(-1, 2)
+def f16_bits(v) -> np.ndarray:
+    """ggml's f32 -> f16 (`GGML_FP32_TO_FP16`): round to nearest even, overflow to inf, and every NaN
+    to the quiet NaN 0x7E00 carrying the input's sign. Returns '<u2'."""
+    v = np.asarray(v, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = v.astype("<f2").view("<u2")
+    nan = np.isnan(v)
+    if nan.any():
+        bits = np.where(nan, (np.signbit(v).astype(np.uint16) << 15) | 0x7E00, bits).astype("<u2")
+    return bits
+
+
+def f16_bytes(v) -> np.ndarray:
+    """fl16(v) as two little-endian bytes per value: (n,) or (n, 1) f32 -> (n, 2) uint8."""
+    return np.ascontiguousarray(f16_bits(np.asarray(v, np.float32).reshape(-1))).view(np.uint8).reshape(-1, 2)
 
 
 def fl16(v):
@@ -51,7 +71,8 @@ def roundf(v: np.ndarray) -> np.ndarray:
     """C `roundf`: round half away from zero, exact for every f32 (v - trunc(v) is exact)."""
     v = np.asarray(v, np.float32)
     t = np.trunc(v)
-    frac = np.abs(v - t)
+    with np.errstate(invalid="ignore"):
+        frac = np.abs(v - t)
     return np.where(frac >= f32(0.5), t + np.copysign(f32(1.0), v), t).astype(np.float32)
 
 
@@ -69,19 +90,26 @@ def safe_recip(d: np.ndarray) -> np.ndarray:
 
 
 def signed_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(amax, max) per row: amax = max|x|, max = the signed value at the first index reaching it."""
+    """(amax, max) along the last axis, keepdims, as ggml's scan `if (amax < fabsf(v)) {amax = |v|; max = v;}`.
+
+    amax starts at 0: the first index with the largest |x| wins, an all-zero block gives max = +0.0
+    (never -0.0), and NaN never wins (its comparison is false).
+    """
     a = np.abs(x)
-    i = np.argmax(a, axis=-1)          # first index of the maximum, like ggml's strict '>' scan
-    mx = np.take_along_axis(x, i[..., None], axis=-1)
-    return np.take_along_axis(a, i[..., None], axis=-1), mx
+    a = np.where(np.isnan(a), np.float32(0), a)
+    i = np.argmax(a, axis=-1)[..., None]
+    amax = np.take_along_axis(a, i, axis=-1)
+    mx = np.where(amax > 0, np.take_along_axis(x, i, axis=-1), np.float32(0.0)).astype(np.float32)
+    return amax.astype(np.float32), mx
 
 
 def seq_sum(terms: np.ndarray, axis: int = -1) -> np.ndarray:
     """Σ in f32, sequentially in index order along `axis` (ggml's `for` loop), keepdims."""
     terms = np.moveaxis(np.asarray(terms, np.float32), axis, -1)
     acc = np.zeros(terms.shape[:-1], np.float32)
-    for i in range(terms.shape[-1]):
-        acc = acc + terms[..., i]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(terms.shape[-1]):
+            acc = acc + terms[..., i]
     return acc[..., None] if axis in (-1, terms.ndim - 1) else np.expand_dims(acc, axis)
 
 
@@ -94,3 +122,59 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
     """(n, 32) values 0..15 -> (n, 16) bytes, the inverse of `split_nibbles`."""
     q = q.astype(np.uint8)
     return q[:, :16] | (q[:, 16:] << 4)
+
+
+# -- C conversions on x86-64 (what ggml's compiled code does, including the undefined cases) ---------
+
+_INT_MIN = np.int64(-(2**31))
+
+
+def cvtt_i32(v: np.ndarray) -> np.ndarray:
+    """x86 `cvttss2si`: truncate f32 to int32; NaN, ±inf and out-of-range give INT_MIN (0x80000000).
+
+    This is what GCC emits for C float -> int / int8_t / uint8_t casts; a narrower cast then keeps the
+    low byte. Inputs that land here are ones where ggml's C is formally undefined (1/d overflowing to
+    inf for subnormal blocks), and refimpl reproduces the bytes ggml's x86 build writes for them.
+    """
+    v = np.asarray(v, np.float32)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(v) & (np.abs(v) < np.float32(2.0**31))
+        t = np.where(ok, np.trunc(np.where(ok, v, 0)), 0).astype(np.int64)
+    return np.where(ok, t, _INT_MIN)
+
+
+def c_int8(v: np.ndarray) -> np.ndarray:
+    """C `(int8_t)f` on x86-64 (cvttss2si, keep the low byte), as int32 in -128..127."""
+    b = cvtt_i32(v) & 0xFF
+    return (b - ((b & 0x80) << 1)).astype(np.int32)
+
+
+def c_uint8(v: np.ndarray) -> np.ndarray:
+    """C `(uint8_t)f` on x86-64, as int32 in 0..255."""
+    return (cvtt_i32(v) & 0xFF).astype(np.int32)
+
+
+def cvt_i32_rne(v: np.ndarray) -> np.ndarray:
+    """x86 `cvtps2dq` (round to nearest even): NaN/inf/out of range -> INT_MIN, as int64."""
+    v = np.asarray(v, np.float32)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(v) & (np.abs(v) < np.float32(2.0**31))
+        r = np.where(ok, np.rint(np.where(ok, v, 0)), 0).astype(np.int64)
+    return np.where(ok, r, _INT_MIN)
+
+
+def div(a, b) -> np.ndarray:
+    """f32 a / b with IEEE results (inf, nan) and no warnings."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.divide(np.float32(a) if np.isscalar(a) else a, np.float32(b) if np.isscalar(b) else b,
+                         dtype=np.float32)
+
+
+def mul(a, b) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        return np.multiply(a, b, dtype=np.float32)
+
+
+def add(a, b) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.add(a, b, dtype=np.float32)

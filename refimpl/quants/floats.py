@@ -11,6 +11,7 @@ import numpy as np
 
 from ..types import GGMLType
 from . import dequantizer, quantizer
+from ._common import f16_bits, f16_to_f32
 
 
 @dequantizer(GGMLType.F32)
@@ -25,18 +26,12 @@ def quantize_f32(x):
 
 @dequantizer(GGMLType.F16)
 def dequantize_f16(blocks):
-    return np.ascontiguousarray(blocks).view("<f2").astype(np.float32)
+    return f16_to_f32(np.ascontiguousarray(blocks).view("<f2"))
 
 
 @quantizer(GGMLType.F16, "ref")
 def quantize_f16(x):
-    h = np.asarray(x, np.float32).astype("<f2")
-    # ggml's f32 -> f16 turns every NaN into the quiet NaN 0x7E00 with the input's sign
-    bits = h.view("<u2")
-    nan = np.isnan(h)
-    if nan.any():
-        bits = np.where(nan, (bits & 0x8000) | 0x7E00, bits).astype("<u2")
-    return np.ascontiguousarray(bits).view(np.uint8)
+    return np.ascontiguousarray(f16_bits(x)).view(np.uint8)
 
 
 @dequantizer(GGMLType.BF16)
