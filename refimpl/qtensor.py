@@ -99,9 +99,11 @@ class QTensor:
         if Ellipsis in key:
             i = key.index(Ellipsis)
             rest = [k for k in key if k is not Ellipsis]
-            key = key[:i] + (slice(None),) * (lead - len(rest)) + key[i + 1:]
+            key = key[:i] + (slice(None),) * (lead + 1 - len(rest)) + key[i + 1:]   # NumPy's meaning
             if Ellipsis in key:
                 raise IndexError("an index can only have a single ellipsis ('...')")
+        if len(key) == lead + 1 and isinstance(key[-1], slice) and key[-1] == slice(None):
+            key = key[:-1]                     # q[i, :] -- the whole row, which is the only choice
         if len(key) > lead:
             raise IndexError(f"QTensor of {_fmt(self.shape)}: only the {lead} leading (row) axes can be "
                              f"indexed; a row of {self.shape[-1]} elements is taken whole")
