@@ -15,8 +15,8 @@ import numpy as np
 
 from ..types import GGMLType
 from . import dequantizer, quantizer
-from ._common import (add, c_int8, c_uint8, cvt_i32_rne, div, f16_bytes, f16_field, mul, pack_nibbles, roundf,
-                      seq_sum, signed_absmax, split_nibbles, u32_fields)
+from ._common import (add, c_int8, first_min_max, c_uint8, cvt_i32_rne, div, f16_bytes, f16_field, mul, pack_nibbles, roundf,
+                      seq_sum, signed_absmax, split_nibbles, take_first, tree, u32_fields)
 
 f32 = np.float32
 
@@ -37,13 +37,11 @@ def _pack_qh(q5: np.ndarray) -> np.ndarray:
     return np.bitwise_or.reduce(bits, axis=1).astype("<u4").reshape(-1, 1).view(np.uint8)
 
 
-def _minmax(x):
-    """ggml's scan `if (v < min) min = v; if (v > max) max = v;`: the first index attaining each extreme
-    wins (so the sign of a zero min/max is that of its first occurrence), NaN is never taken."""
-    nan = np.isnan(x)
-    lo = np.take_along_axis(x, np.argmin(np.where(nan, np.inf, x), axis=1)[:, None], axis=1)
-    hi = np.take_along_axis(x, np.argmax(np.where(nan, -np.inf, x), axis=1)[:, None], axis=1)
-    return lo, hi
+_minmax = first_min_max
+
+
+def _amax(x):
+    return tree(np.fmax, np.abs(x))
 
 
 # -- Q4_0 ------------------------------------------------------------------------------------------
@@ -61,7 +59,7 @@ def quantize_q4_0(x):
     _, mx = signed_absmax(x)
     d = div(mx, f32(-8))
     q = np.minimum(15, c_int8(mul(x, _recip(d)) + f32(8.5)))
-    return np.concatenate([f16_bytes(d), pack_nibbles(q & 0xFF)], axis=1)
+    return np.concatenate([f16_bytes(d), pack_nibbles(q)], axis=1)
 
 
 # -- Q4_1 ------------------------------------------------------------------------------------------
@@ -80,7 +78,7 @@ def quantize_q4_1(x):
     with np.errstate(over="ignore", invalid="ignore"):
         d = div(mx - mn, f32(15))
         q = np.minimum(15, c_int8(mul(x - mn, _recip(d)) + f32(0.5)))
-    return np.concatenate([f16_bytes(d), f16_bytes(mn), pack_nibbles(q & 0xFF)], axis=1)
+    return np.concatenate([f16_bytes(d), f16_bytes(mn), pack_nibbles(q)], axis=1)
 
 
 # -- Q5_0 ------------------------------------------------------------------------------------------
@@ -97,7 +95,7 @@ def quantize_q5_0(x):
     """d = max / -16; q = min(31, (int8)(x/d + 16.5))."""
     _, mx = signed_absmax(x)
     d = div(mx, f32(-16))
-    q = np.minimum(31, c_int8(mul(x, _recip(d)) + f32(16.5))) & 0xFF
+    q = np.minimum(31, c_int8(mul(x, _recip(d)) + f32(16.5))).astype(np.uint8)
     return np.concatenate([f16_bytes(d), _pack_qh(q), pack_nibbles(q & 0x0F)], axis=1)
 
 
@@ -126,10 +124,6 @@ def dequantize_q8_0(blocks):
     """block_q8_0 (34 B): d f16 | qs[32] int8.   x = q * d"""
     d = f16_field(blocks, 0)
     return mul(blocks[:, 2:34].view(np.int8).astype(np.float32), d)
-
-
-def _amax(x):
-    return np.fmax.reduce(np.abs(x), axis=1, keepdims=True, initial=f32(0))
 
 
 @quantizer(GGMLType.Q8_0, "ref")

@@ -22,14 +22,17 @@ def _trits(x: np.ndarray) -> np.ndarray:
     return amax, t.astype(np.int32)
 
 
+# t - 1 of every 2-bit field of every byte value: _TQ2_LUT[b, k] = ((b >> 2k) & 3) - 1
+_TQ2_LUT = (((np.arange(256)[:, None] >> (2 * np.arange(4))) & 3) - 1).astype(np.float32)
+
+
 @dequantizer(GGMLType.TQ2_0)
 def dequantize_tq2_0(blocks):
     """block_tq2_0 (66 B): qs[64] | d f16. Element 128g + 32k + m = ((qs[32g+m] >> 2k) & 3) - 1; x = t*d"""
     n = blocks.shape[0]
     d = f16_field(blocks, 64)
-    qs = blocks[:, :64].reshape(n, 2, 1, 32)
-    t = ((qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3).astype(np.int32) - 1
-    return mul(t.reshape(n, 256).astype(np.float32), d)
+    t = _TQ2_LUT[blocks[:, :64]].reshape(n, 2, 32, 4).transpose(0, 1, 3, 2)   # (n, g, k, m)
+    return mul(t.reshape(n, 256), d)
 
 
 @quantizer(GGMLType.TQ2_0, "ref")
@@ -49,17 +52,20 @@ def _digits(b: np.ndarray, count: int) -> np.ndarray:
     return (q * 3) >> 8
 
 
+# t - 1 of digit n of every byte value, as ggml decodes it: _TQ1_LUT[b, n]
+_TQ1_LUT = (_digits(np.arange(256)[:, None], 5)[:, :, 0] - 1).astype(np.float32)
+
+
 @dequantizer(GGMLType.TQ1_0)
 def dequantize_tq1_0(blocks):
     """block_tq1_0 (54 B): qs[48] | qh[4] | d f16. Five trits per byte as a fraction: byte m of qs[0..32]
     holds elements m + 32n (n = 0..4), of qs[32..48] elements 160 + m + 16n, qh[j] elements 240 + j + 4n."""
     n = blocks.shape[0]
     d = f16_field(blocks, 52)
-    a = _digits(blocks[:, 0:32], 5).reshape(n, 160)
-    b = _digits(blocks[:, 32:48], 5).reshape(n, 80)
-    c = _digits(blocks[:, 48:52], 4).reshape(n, 16)
-    t = np.concatenate([a, b, c], axis=1) - 1
-    return mul(t.astype(np.float32), d)
+    a = _TQ1_LUT[blocks[:, 0:32]].transpose(0, 2, 1).reshape(n, 160)
+    b = _TQ1_LUT[blocks[:, 32:48]].transpose(0, 2, 1).reshape(n, 80)
+    c = _TQ1_LUT[blocks[:, 48:52], :4].transpose(0, 2, 1).reshape(n, 16)
+    return mul(np.concatenate([a, b, c], axis=1), d)
 
 
 def _encode(t: np.ndarray) -> np.ndarray:

@@ -48,6 +48,24 @@ def _libs():
     return ggml, base, cpu
 
 
+def build_features() -> dict[str, int]:
+    """The SIMD features the loaded ggml was compiled with (`ggml_cpu_has_*`)."""
+    g, _, _ = _libs()
+    names = ("avx", "avx2", "fma", "f16c", "avx512", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "llamafile")
+    return {n: int(getattr(g, f"ggml_cpu_has_{n}")()) for n in names}
+
+
+def check_profile() -> None:
+    """Raise unless the loaded ggml is the portable AVX2 build the goldens assume (see PROFILE)."""
+    f = build_features()
+    want = {"avx": 1, "avx2": 1, "fma": 1, "f16c": 1, "avx512": 0, "avx512_vnni": 0, "avx512_bf16": 0,
+            "avx_vnni": 0, "amx_int8": 0}
+    bad = {k: f[k] for k in want if f[k] != want[k]}
+    if bad:
+        raise RuntimeError(f"the installed ggml-python is not the portable AVX2 build refimpl's goldens assume "
+                           f"(differs in {bad}); reinstall it with scripts/setup.sh. Expected: {PROFILE}")
+
+
 def _fn(lib, name, argtypes, restype=None):
     f = getattr(lib, name)
     f.argtypes, f.restype = argtypes, restype

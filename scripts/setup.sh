@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install refimpl with the extras named in $1 (e.g. "test"), idempotently.
+# ggml-python (the golden oracle) is built from source portably: AVX2/FMA/F16C, no AVX-512, no
+# native flags -- the profile every golden value in this repository was produced with.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+fi
+stamp=".venv/.refimpl-installed-$extras-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  spec="."; [ -n "$extras" ] && spec=".[$extras]"
+  if [ "$extras" = "test" ] && ! .venv/bin/python -c "import ggml" 2>/dev/null; then
+    # built from its sdist with the flags above, never from a wheel cached from another build
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir --no-binary ggml-python ggml-python==0.0.45
+  fi
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
+  touch "$stamp"
+fi
