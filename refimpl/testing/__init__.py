@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .strategies import BLOCK_KINDS, block_bytes, block_rows, f32_tensor, ggml_ne, make_block, qtensors
+from .strategies import (BLOCK_KINDS, block_bytes, block_rows, f32_tensor, ggml_ne, make_block, qtensors,
+                         tensors)
 
-__all__ = ["BLOCK_KINDS", "block_rows", "block_bytes", "qtensors", "make_block", "ggml_ne", "f32_tensor",
+__all__ = ["BLOCK_KINDS", "tensors", "block_rows", "block_bytes", "qtensors", "make_block", "ggml_ne", "f32_tensor",
            "nmse", "assert_nmse", "assert_bits_equal", "Tol", "TOLERANCES", "tol"]
 
 

@@ -108,3 +108,77 @@ ggml_ne = st.tuples(st.integers(1, 64), *[st.integers(1, 4)] * 3)
 def f32_tensor(ne, lo=-10.0, hi=10.0):
     """float32 array of ggml shape `ne` (NumPy shape = reversed ne)."""
     return hnp.arrays(np.float32, tuple(reversed(ne)), elements=st.floats(lo, hi, width=32))
+
+
+_VIEWS = ("contiguous", "row_step", "permuted", "offset")
+
+
+@st.composite
+def tensors(draw, types=("f32",), *, max_dims: int = 4, max_ne0: int = 64, max_ne: int = 4,
+            max_blocks: int = 3, views: bool = True, lo: float = -10.0, hi: float = 10.0):
+    """A ggml tensor as refimpl holds it: an ndarray (F32, F16, F64, I8/I16/I32) or a QTensor (BF16 and
+    block types), with `ne` drawn fastest-first and NumPy shape = reversed(ne).
+
+    types       GGMLType values or names to choose from
+    max_ne0     largest ne0 for element types; block types draw 1..max_blocks blocks per row
+    views       also draw non-contiguous views as ggml makes them: every other row/matrix (`row_step`,
+                ggml's view with a larger nb1..nb3), permuted axes (`ggml_permute`/`transpose`), and a
+                view at a byte offset into a larger buffer. QTensor views keep whole rows.
+    Values follow the `make_block` kinds (zeros, outliers, ties, huge and tiny values) scaled into [lo, hi]
+    for element types.
+    """
+    from ..qtensor import QTensor
+    from ..quants import QUANTIZERS
+    from ..types import NUMPY_DTYPES
+    t = as_type(draw(st.sampled_from(list(types))))
+    tr = traits(t)
+    nd = draw(st.integers(1, max_dims))
+    if tr.blck_size > 1:
+        ne0 = tr.blck_size * draw(st.integers(1, max_blocks))
+    else:
+        ne0 = draw(st.integers(1, max_ne0))
+    ne = [ne0] + [draw(st.integers(1, max_ne)) for _ in range(nd - 1)]
+    shape = tuple(reversed(ne))
+    view = draw(st.sampled_from(_VIEWS)) if views else "contiguous"
+    if view == "offset" and nd == 1 and t not in NUMPY_DTYPES:
+        view = "contiguous"        # a QTensor row is taken whole: no offset view inside it
+    if view in ("row_step", "permuted") and nd == 1:
+        view = "contiguous"
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(BLOCK_KINDS))
+    # the full buffer: twice as many leading items for row_step views, one extra row for offset views
+    big = list(shape)
+    if view == "row_step" and nd > 1:
+        ax = draw(st.integers(0, nd - 2))
+        big[ax] *= 2
+    if view == "offset":
+        big[0] += 1
+    n = int(np.prod(big))
+    vals = make_block(kind, n, rng, draw(st.integers(-3, 1))).reshape(big)
+    if t in NUMPY_DTYPES:
+        dt = NUMPY_DTYPES[t]
+        if dt.kind in "iu":
+            info = np.iinfo(dt)
+            base = rng.integers(max(info.min, -1000), min(info.max, 1000) + 1, big).astype(dt)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                base = np.clip(np.nan_to_num(vals, nan=0.0), lo, hi).astype(dt)
+    else:
+        if (t, "ref") in QUANTIZERS or (t, "chunk") in QUANTIZERS:
+            from ..qtensor import quantize
+            base = quantize(vals, t)
+        else:   # types ggml quantizes only with an importance matrix: random bytes are valid blocks
+            raw = rng.integers(0, 256, tuple(big[:-1]) + (big[-1] // tr.blck_size * tr.type_size,), dtype=np.uint8)
+            base = QTensor(t, raw, big)
+    if view == "row_step" and nd > 1:
+        key = tuple(slice(None, None, 2) if i == ax else slice(None) for i in range(nd - 1))
+        return base[key]
+    if view == "offset":
+        return base[1:]
+    if view == "permuted" and nd > 1 and not isinstance(base, QTensor):
+        perm = draw(st.permutations(range(nd)))
+        # a contiguous tensor of the permuted shape, viewed back as `shape` (what ggml_permute makes)
+        inv = np.argsort(perm)
+        return np.ascontiguousarray(np.transpose(base, perm)).transpose(inv)
+    return base
