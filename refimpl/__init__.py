@@ -4,9 +4,13 @@ Shapes are NumPy order; ggml's `ne` is the same list reversed. See docs/ and ../
 """
 from .types import GGMLType, traits, type_traits, as_type
 from .qtensor import QTensor, quantize, dequantize
+from . import ops
+from .ops import *  # noqa: F401,F403  every op as refimpl.<name>
+from .ops import backend, numerics
 
 __version__ = "0.1.0"
-__all__ = ["GGMLType", "QTensor", "quantize", "dequantize", "traits", "type_traits", "as_type", "gguf"]
+__all__ = ["GGMLType", "QTensor", "quantize", "dequantize", "traits", "type_traits", "as_type", "gguf", "ops",
+           "backend", "numerics"] + [n for n in ops.__all__ if n not in ("OPS", "op", "register")]
 
 
 def __getattr__(name):

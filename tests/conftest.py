@@ -20,3 +20,13 @@ def ggml():
     from refimpl.testing import ggml as oracle
     oracle.check_profile()       # a native (AVX-512) build would change the numbers: fail, don't compare
     return oracle
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Write what the golden tests compared to $REFIMPL_COVERAGE_LOG (read by refimpl.testing.coverage)."""
+    path = os.environ.get("REFIMPL_COVERAGE_LOG")
+    if path:
+        import json
+        from refimpl.testing.golden import LOG
+        with open(path, "w") as f:
+            json.dump(LOG, f)

@@ -8,15 +8,13 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .strategies import (BLOCK_KINDS, block_bytes, block_rows, f32_tensor, ggml_ne, make_block, qtensors,
                          tensors)
 
 __all__ = ["BLOCK_KINDS", "tensors", "block_rows", "block_bytes", "qtensors", "make_block", "ggml_ne", "f32_tensor",
-           "nmse", "assert_nmse", "assert_bits_equal", "Tol", "TOLERANCES", "tol"]
+           "op_cases", "named_cases", "OpCase", "nmse", "assert_nmse", "assert_bits_equal", "Tol", "TOLERANCES", "tol"]
 
 
 def nmse(actual, expected) -> float:
@@ -54,24 +52,12 @@ def assert_bits_equal(actual, expected, what: str = "") -> None:
         raise AssertionError(f"{what}: {len(bad)} of {a.size} values differ in their bits\n" + "\n".join(lines))
 
 
-@dataclass(frozen=True)
-class Tol:
-    """One tolerance: `exact` (identical bits), or a bound on NMSE / max ULP, and why."""
-    exact: bool = False
-    nmse: float | None = None
-    max_ulp: int | None = None
-    why: str = ""
+from .tolerances import TOLERANCES, Tol, tol  # noqa: E402
 
 
-# (what, type, against) -> Tol. Every tolerance refimpl's own tests use lives here, with its reason.
-TOLERANCES: dict[tuple[str, str, str], Tol] = {
-    ("dequantize", "*", "ggml"): Tol(exact=True, why="bytes in, the same f32 operations, identical floats out"),
-    ("quantize", "*", "ggml"): Tol(exact=True, why="the reference quantizers are deterministic f32 code"),
-}
-
-
-def tol(what: str, type: str = "*", against: str = "ggml") -> Tol:
-    for key in ((what, type, against), (what, "*", against)):
-        if key in TOLERANCES:
-            return TOLERANCES[key]
-    raise KeyError(f"no tolerance for {(what, type, against)}")
+def __getattr__(name):
+    # the case registry imports hypothesis strategies of every op family: loaded on first use
+    if name in ("op_cases", "named_cases", "OpCase"):
+        from . import cases
+        return getattr(cases, name)
+    raise AttributeError(name)

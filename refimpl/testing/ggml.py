@@ -157,3 +157,221 @@ def quantize(x, type, method: str = "chunk") -> QTensor:
         else:
             raise ValueError(f"unknown method {method!r}")
     return QTensor(t, dst.reshape(x.shape[:-1] + (rb,)), x.shape)
+
+
+# -- running ops: build a graph in real ggml from NumPy inputs -----------------------------------------
+
+_NP_TO_GGML = {np.dtype(np.float32): GGMLType.F32, np.dtype(np.float16): GGMLType.F16,
+               np.dtype(np.float64): GGMLType.F64, np.dtype(np.int8): GGMLType.I8,
+               np.dtype(np.int16): GGMLType.I16, np.dtype(np.int32): GGMLType.I32,
+               np.dtype(np.int64): GGMLType.I64}
+_GGML_TO_NP = {v: k for k, v in _NP_TO_GGML.items()}
+
+
+def lib():
+    """The ggml-python module (all `ggml_*` graph builders, enums and constants)."""
+    return _libs()[0]
+
+
+def _span(shape, strides, itemsize):
+    """(lowest byte offset, bytes covered) of a strided view with non-negative strides."""
+    if any(s < 0 for s in strides):
+        raise ValueError("ggml views cannot have negative strides; pass np.ascontiguousarray(x)")
+    if any(n == 0 for n in shape):
+        return 0, 0
+    return 0, sum((n - 1) * s for n, s in zip(shape, strides)) + itemsize
+
+
+class _Ctx:
+    def __init__(self, mem: int):
+        g = lib()
+        self.g = g
+        self.ctx = g.ggml_init(g.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
+        if not self.ctx:
+            raise MemoryError(f"ggml_init failed for {mem} bytes")
+
+    def tensor(self, x):
+        """A ggml tensor holding x's values and reproducing its view (strides) -- see `run`."""
+        g = self.g
+        if isinstance(x, QTensor):
+            t, data, shape = x.type, x.data, x.shape
+            tr = traits(t)
+            nb0 = tr.type_size                               # ggml addresses block rows by blocks
+            lead = data.strides[:-1]
+            last = data.shape[-1]                            # bytes of one row
+        else:
+            x = np.asarray(x)
+            if x.dtype not in _NP_TO_GGML:
+                raise TypeError(f"no ggml type for numpy dtype {x.dtype}")
+            t = _NP_TO_GGML[x.dtype]
+            tr = traits(t)
+            data = x.reshape(1) if x.ndim == 0 else x
+            shape = data.shape
+            nb0 = data.strides[-1] if shape[-1] > 1 else tr.type_size
+            lead = data.strides[:-1]
+            last = tr.type_size
+        if len(shape) > 4:
+            raise ValueError(f"ggml tensors have at most 4 dims, got numpy shape {shape}")
+        ne = list(shape[::-1]) + [1] * (4 - len(shape))
+        contig = _contig_nb(ne, tr)
+        nb = [int(nb0)] + [int(v) for v in lead[::-1]] + contig[len(shape):]
+        nb = [contig[i] if ne[i] == 1 else nb[i] for i in range(4)]   # size-1 dims: any stride, use ggml's
+        if any(v < 0 for v in nb):
+            raise ValueError(f"ggml views cannot have negative strides (numpy strides {data.strides}); "
+                             f"pass np.ascontiguousarray(x)")
+        if not all(ne):
+            raise ValueError(f"empty tensor (ne {ne}) cannot be passed to ggml")
+        n0 = ne[0] // tr.blck_size                           # blocks (or elements) along dim 0
+        span = (n0 - 1) * nb[0] + sum((ne[i] - 1) * nb[i] for i in range(1, 4)) + tr.type_size
+        if isinstance(x, QTensor):
+            span = sum((ne[i] - 1) * nb[i] for i in range(1, 4)) + last
+        units = -(-span // tr.type_size)
+        base = g.ggml_new_tensor_1d(self.ctx, int(t), units * tr.blck_size)
+        ctypes.memmove(g.ggml_get_data(base), data.ctypes.data, span)
+        if nb == contig:
+            if units * tr.blck_size == int(np.prod(ne)):
+                return g.ggml_reshape_4d(self.ctx, base, *ne)
+            return g.ggml_view_4d(self.ctx, base, *ne, nb[1], nb[2], nb[3], 0)
+        # a view with ascending strides, then ggml_permute back to the logical dim order
+        order = sorted(range(4), key=lambda i: (nb[i], i))
+        if nb[order[0]] != tr.type_size:
+            raise ValueError(f"ggml cannot represent strides nb {nb} for ne {ne}: one dim must be packed "
+                             f"(stride {tr.type_size})")
+        if order[0] != 0 and tr.blck_size > 1:
+            raise ValueError("a block-quantized tensor cannot be viewed transposed")
+        vne = [ne[i] for i in order]
+        vnb = [nb[i] for i in order]
+        v = g.ggml_view_4d(self.ctx, base, *vne, vnb[1], vnb[2], vnb[3], 0)
+        if order == [0, 1, 2, 3]:
+            return v
+        # view dim j holds logical dim order[j]; ggml_permute sends view dim j to result dim order[j]
+        return g.ggml_permute(self.ctx, v, *order)
+
+    def free(self):
+        self.g.ggml_free(self.ctx)
+
+
+def _contig_nb(ne, tr):
+    nb = [tr.type_size, tr.type_size * (ne[0] // tr.blck_size)]
+    nb.append(nb[1] * ne[1])
+    nb.append(nb[2] * ne[2])
+    return nb
+
+
+def read(t) -> np.ndarray | QTensor:
+    """Copy a computed ggml tensor out as a NumPy-order ndarray (or QTensor for block types), with
+    ggml_n_dims(t) dimensions (trailing ne of 1 dropped: ne [4, 3, 1, 1] -> numpy (3, 4))."""
+    g = lib()
+    c = t.contents
+    typ = GGMLType(c.type)
+    tr = traits(typ)
+    ne = [int(c.ne[i]) for i in range(4)]
+    nb = [int(c.nb[i]) for i in range(4)]
+    n_dims = max([i + 1 for i in range(4) if ne[i] > 1] + [1])   # ggml_n_dims
+    shape = tuple(ne[:n_dims][::-1])
+    nb_used = nb[:n_dims]
+    ptr = g.ggml_get_data(t)
+    if typ in _GGML_TO_NP:
+        dt = _GGML_TO_NP[typ]
+        span = sum((n - 1) * s for n, s in zip(ne, nb)) + dt.itemsize if all(ne) else 0
+        buf = np.ctypeslib.as_array((ctypes.c_uint8 * max(span, 1)).from_address(ptr))
+        arr = np.lib.stride_tricks.as_strided(buf[: span - span % dt.itemsize].view(dt), shape,
+                                              tuple(nb_used[::-1]))
+        return np.array(arr, copy=True)
+    rb = ne[0] // tr.blck_size * tr.type_size
+    span = sum((n - 1) * s for n, s in zip(ne[1:], nb[1:])) + rb
+    buf = np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(ptr))
+    data = np.lib.stride_tricks.as_strided(buf, shape[:-1] + (rb,), tuple(nb_used[1:][::-1]) + (1,))
+    return QTensor(typ, np.array(data, copy=True), shape)
+
+
+class GGMLAbort(RuntimeError):
+    """ggml rejected the graph (GGML_ASSERT / abort) -- raised instead of killing the interpreter."""
+
+
+def run(build, *inputs, n_threads: int = 1, mem: int | None = None, isolate: bool = True):
+    """Run one ggml graph on NumPy inputs; see `_run`. With `isolate` (default) the graph runs in a forked
+    child process, so a GGML_ASSERT in ggml becomes a `GGMLAbort` carrying ggml's message instead of
+    aborting the interpreter (and with it a whole test session)."""
+    if not isolate or not hasattr(os, "fork"):
+        return _run(build, *inputs, n_threads=n_threads, mem=mem)
+    import pickle
+    import sys
+    _libs()
+    r, w = os.pipe()
+    er, ew = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                                    # child: compute, send the pickled result, exit
+        try:
+            os.close(r)
+            os.close(er)
+            os.dup2(ew, 2)
+            os.environ["GGML_NO_BACKTRACE"] = "1"
+            try:
+                payload = pickle.dumps(("ok", _run(build, *inputs, n_threads=n_threads, mem=mem)))
+            except BaseException as e:              # a Python-side error: re-raised in the parent
+                payload = pickle.dumps(("err", e if _picklable(e) else RuntimeError(repr(e))))
+            with os.fdopen(w, "wb") as f:
+                f.write(payload)
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.close(ew)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    with os.fdopen(er, "rb") as f:
+        err = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        msg = " ".join(line.strip() for line in err.splitlines() if line.strip())[-2000:]
+        raise GGMLAbort(f"ggml aborted (exit status {status}): {msg or 'no message'}")
+    kind, value = pickle.loads(data)
+    if kind == "err":
+        raise value
+    return value
+
+
+def _picklable(e) -> bool:
+    import pickle
+    try:
+        pickle.dumps(e)
+        return True
+    except Exception:
+        return False
+
+
+def _run(build, *inputs, n_threads: int = 1, mem: int | None = None):
+    """Run one ggml graph on NumPy inputs and return the result(s) as NumPy arrays / QTensors.
+
+    build(ctx, *tensors) -> ggml tensor (or a tuple of them): calls ggml-python's graph builders, e.g.
+        run(lambda ctx, a, b: lib().ggml_add(ctx, a, b), a, b)
+    Each ndarray/QTensor input becomes a ggml tensor with the same values *and the same view*: a strided
+    or permuted NumPy view becomes a ggml view (ggml_view_4d + ggml_permute) over a copy of the memory it
+    spans, so ops see non-contiguous sources exactly as they would in ggml. Other inputs (ints, floats,
+    None) are passed to `build` unchanged. Computed single-threaded by default (n_threads).
+    """
+    g = lib()
+    size = 0
+    for x in inputs:
+        if isinstance(x, QTensor):
+            size += x.data.nbytes
+        elif isinstance(x, np.ndarray):
+            size += x.nbytes
+    mem = mem or (64 << 20) + 8 * size
+    c = _Ctx(mem)
+    try:
+        ts = [c.tensor(x) if isinstance(x, (np.ndarray, QTensor)) else x for x in inputs]
+        out = build(c.ctx, *ts)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        gf = g.ggml_new_graph(c.ctx)
+        for o in outs:
+            g.ggml_build_forward_expand(gf, o)
+        rc = g.ggml_graph_compute_with_ctx(c.ctx, gf, n_threads)
+        if rc != 0:
+            raise RuntimeError(f"ggml_graph_compute failed with status {rc}")
+        res = [read(o) for o in outs]
+    finally:
+        c.free()
+    return res if isinstance(out, (tuple, list)) else res[0]

@@ -1,0 +1,24 @@
+"""Every forward op of ggml as a NumPy function with ggml's name and argument order.
+
+Shapes are NumPy order (ggml `ne` reversed); each op's docstring gives both. Ops are grouped by family,
+one module each; all are re-exported here and as `refimpl.<name>`.
+"""
+from ._core import OPS, backend, current_backend, current_numerics, numerics, op, register  # noqa: F401
+from ._shapes import GGMLShapeError  # noqa: F401
+
+from . import elementwise, reduce, movement, norm, softmax, rope, attention, loss  # noqa: E402,F401
+from . import matmul, conv, recurrent, sort  # noqa: E402,F401
+
+
+def _export():
+    g = globals()
+    for name, info in OPS.items():
+        for mod in (elementwise, reduce, movement, norm, softmax, rope, attention, loss, matmul, conv,
+                    recurrent, sort):
+            if hasattr(mod, name):
+                g[name] = getattr(mod, name)
+                break
+    return sorted(OPS)
+
+
+__all__ = _export() + ["OPS", "backend", "numerics", "op", "register", "GGMLShapeError"]

@@ -1,0 +1,108 @@
+"""The op registry: `@op` names a function after its ggml op, and dispatches to a kernel backend.
+
+    @op("rms_norm", covers="RMS_NORM")
+    def rms_norm(a, eps): ...            # the NumPy body: the reference, also `rms_norm.reference`
+
+`covers` lists the ggml enum entries the function implements: "RMS_NORM" (enum ggml_op),
+"UNARY:GELU" (enum ggml_unary_op), "GLU:SWIGLU" (enum ggml_glu_op). The coverage report reads them.
+
+Backends: kernels register with `@register("rms_norm", backend="numba")`; `with refimpl.backend("numba"):`
+(or REFIMPL_BACKEND) makes `@op` call them. Numerics: `with refimpl.numerics("ggml"):` or `numerics=` on
+ops that accept it; `current_numerics()` tells an op which mode is active.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+BACKENDS = ("numpy", "numba", "cuda")
+NUMERICS = ("exact", "ggml")
+
+_backend = contextvars.ContextVar("refimpl_backend", default=os.environ.get("REFIMPL_BACKEND", "numpy"))
+_numerics = contextvars.ContextVar("refimpl_numerics", default=os.environ.get("REFIMPL_NUMERICS", "exact"))
+
+
+@dataclass
+class OpInfo:
+    name: str
+    fn: Callable
+    covers: tuple[str, ...]
+    kernels: dict[str, Callable] = field(default_factory=dict)
+
+
+OPS: dict[str, OpInfo] = {}
+
+
+def op(name: str, covers: str | tuple[str, ...] | None = None):
+    """Register the NumPy reference of a ggml op; the returned wrapper dispatches by backend."""
+    cov = (covers,) if isinstance(covers, str) else tuple(covers or (name.upper(),))
+
+    def deco(fn):
+        info = OpInfo(name, fn, cov)
+        OPS[name] = info
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            b = _backend.get()
+            if b != "numpy":
+                k = info.kernels.get(b)
+                if k is not None:
+                    return k(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+        wrapper.reference = fn
+        wrapper.op_info = info
+        return wrapper
+    return deco
+
+
+def register(name: str, backend: str):
+    """Register a kernel for op `name` under `backend` (same signature as the op)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
+
+    def deco(fn):
+        OPS[name].kernels[backend] = fn
+        return fn
+    return deco
+
+
+@contextlib.contextmanager
+def backend(name: str):
+    """Run ops with the kernels of `name` ("numpy", "numba", "cuda") where one is registered."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; one of {BACKENDS}")
+    tok = _backend.set(name)
+    try:
+        yield name
+    finally:
+        _backend.reset(tok)
+
+
+@contextlib.contextmanager
+def numerics(mode: str):
+    """"exact" (default): the math ggml defines, f32 with f64 where ggml accumulates in f64.
+    "ggml": reproduce the CPU backend's roundings (where an op implements them)."""
+    if mode not in NUMERICS:
+        raise ValueError(f"unknown numerics mode {mode!r}; one of {NUMERICS}")
+    tok = _numerics.set(mode)
+    try:
+        yield mode
+    finally:
+        _numerics.reset(tok)
+
+
+def current_backend() -> str:
+    return _backend.get()
+
+
+def current_numerics(override: str | None = None) -> str:
+    if override is not None:
+        if override not in NUMERICS:
+            raise ValueError(f"unknown numerics mode {override!r}; one of {NUMERICS}")
+        return override
+    return _numerics.get()

@@ -1,0 +1,40 @@
+"""Small helpers the case modules share: drawing ggml shapes and values."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+
+def ne(draw, max_ne0: int = 64, max_ne: int = 4, min_dims: int = 1, max_dims: int = 4, ne0_multiple: int = 1):
+    """A ggml `ne` list (fastest first), padded to its drawn number of dims."""
+    nd = draw(st.integers(min_dims, max_dims))
+    n0 = ne0_multiple * draw(st.integers(1, max(1, max_ne0 // ne0_multiple)))
+    return [n0] + [draw(st.integers(1, max_ne)) for _ in range(nd - 1)]
+
+
+def shape(ne_list) -> tuple:
+    return tuple(reversed(ne_list))
+
+
+def values(draw, shp, lo=-1.0, hi=1.0, dtype=np.float32) -> np.ndarray:
+    """Uniform values in [lo, hi] (ggml test-backend-ops' default input), from a drawn seed."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    return np.random.default_rng(seed).uniform(lo, hi, shp).astype(dtype)
+
+
+def maybe_view(draw, x: np.ndarray, transposed: bool = False) -> np.ndarray:
+    """x itself, or the same values as a non-contiguous view that ggml can also build: permuted memory
+    (ggml_permute of a contiguous tensor) or a row-step view into a larger buffer (ggml_view with larger
+    nb1..nb3). Rows stay contiguous (nb0 = element size, which most ggml kernels assert) unless
+    `transposed`, which also allows the row axis itself to be strided (for ops that accept any layout)."""
+    kind = draw(st.sampled_from(["contiguous", "permuted", "row_step"]))
+    if kind == "permuted" and x.ndim >= 2:
+        k = x.ndim if transposed else x.ndim - 1
+        if k >= 2:
+            perm = list(draw(st.permutations(range(k)))) + list(range(k, x.ndim))
+            return np.ascontiguousarray(np.transpose(x, perm)).transpose(np.argsort(perm))
+    if kind == "row_step" and x.ndim >= 2:
+        big = np.zeros((x.shape[0] * 2,) + x.shape[1:], x.dtype)
+        big[::2] = x
+        return big[::2]
+    return x

@@ -1,0 +1,2 @@
+"""OpCases for the reduce ops (see refimpl/testing/cases/__init__.py)."""
+from __future__ import annotations

@@ -1,0 +1,26 @@
+"""Every op against live ggml: hypothesis cases (refimpl.testing.op_cases) and the named cases.
+
+One driver for all ops; the cases, tolerances and shapes live in refimpl/testing/cases/ and
+refimpl/testing/tolerances.py. A failing case prints its test-backend-ops style name.
+"""
+import pytest
+from hypothesis import given
+
+from refimpl.testing.cases import named_cases, op_cases, ops_with_cases, ops_with_named
+from refimpl.testing.golden import compare
+
+
+@pytest.mark.parametrize("op", ops_with_cases())
+def test_op_matches_ggml(ggml, op):
+    @given(case=op_cases(op))
+    def check(case):
+        compare(case, case.run(), case.run_ggml())
+    check()
+
+
+NAMED = [c for op in ops_with_named() for c in named_cases(op)]
+
+
+@pytest.mark.parametrize("case", NAMED, ids=[c.name for c in NAMED])
+def test_named_case_matches_ggml(ggml, case):
+    compare(case, case.run(), case.run_ggml())
