@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job: fetch the real SmolLM2-135M GGUF and run refimpl on it.
+# The main job: generate text with the real SmolLM2-135M-Instruct GGUF through refimpl.
+#   bash scripts/main.sh                       # continues "Once upon a time"
+#   bash scripts/main.sh -p "The capital of France is" -n 32
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh tokenizers
 .venv/bin/refimpl fetch smollm2 >/dev/null
-exec .venv/bin/refimpl demo "$@"
+if [ "$#" -eq 0 ]; then set -- -p "Once upon a time" -n 48; fi
+exec .venv/bin/refimpl generate "$@"

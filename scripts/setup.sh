@@ -14,7 +14,8 @@ stamp=".venv/.refimpl-installed-$extras-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
   spec="."; [ -n "$extras" ] && spec=".[$extras]"
-  if [ "$extras" = "test" ] && ! .venv/bin/python -c "import ggml" 2>/dev/null; then
+  case ",$extras," in *,test,*) need_ggml=1 ;; *) need_ggml=0 ;; esac
+  if [ "$need_ggml" = 1 ] && ! .venv/bin/python -c "import ggml" 2>/dev/null; then
     # built from its sdist with the flags above, never from a wheel cached from another build
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir --no-binary ggml-python ggml-python==0.0.45
   fi
