@@ -56,4 +56,4 @@ def get_quantizer(t: GGMLType, method: str = "chunk"):
 
 
 # Importing the format modules fills the registries.
-from . import floats, legacy, kquants, ternary, fp4, iq  # noqa: E402,F401
+from . import floats, legacy, kquants, ternary, fp4, iq, iq_search  # noqa: E402,F401
