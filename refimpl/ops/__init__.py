@@ -10,11 +10,14 @@ from . import elementwise, reduce, movement, norm, softmax, rope, attention, los
 from . import matmul, conv, recurrent, sort  # noqa: E402,F401
 
 
+_MODULES = (elementwise, reduce, movement, norm, softmax, rope, attention, loss, matmul, conv, recurrent, sort)
+
+
 def _export():
+    # module names like `norm` are rebound to the op of the same name: read them from _MODULES only
     g = globals()
     for name, info in OPS.items():
-        for mod in (elementwise, reduce, movement, norm, softmax, rope, attention, loss, matmul, conv,
-                    recurrent, sort):
+        for mod in _MODULES:
             if hasattr(mod, name):
                 g[name] = getattr(mod, name)
                 break
