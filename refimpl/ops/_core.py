@@ -39,7 +39,8 @@ OPS: dict[str, OpInfo] = {}
 
 def op(name: str, covers: str | tuple[str, ...] | None = None):
     """Register the NumPy reference of a ggml op; the returned wrapper dispatches by backend."""
-    cov = (covers,) if isinstance(covers, str) else tuple(covers or (name.upper(),))
+    # covers=None: the enum named like the op; covers=(): a composite with no enum of its own
+    cov = (name.upper(),) if covers is None else (covers,) if isinstance(covers, str) else tuple(covers)
 
     def deco(fn):
         info = OpInfo(name, fn, cov)

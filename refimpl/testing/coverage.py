@@ -31,7 +31,9 @@ EXCLUDED = {
 def ggml_ops() -> list[str]:
     from . import ggml
     g = ggml.lib()
-    ops = [(getattr(g, n), n[len("GGML_OP_"):]) for n in dir(g) if n.startswith("GGML_OP_") and n != "GGML_OP_COUNT"]
+    # GGML_OP_POOL_* are the constants of enum ggml_op_pool, not ops
+    ops = [(getattr(g, n), n[len("GGML_OP_"):]) for n in dir(g)
+           if n.startswith("GGML_OP_") and n != "GGML_OP_COUNT" and not n.startswith("GGML_OP_POOL_")]
     un = [(getattr(g, n), "UNARY:" + n[len("GGML_UNARY_OP_"):]) for n in dir(g)
           if n.startswith("GGML_UNARY_OP_") and n != "GGML_UNARY_OP_COUNT"]
     glu = [(getattr(g, n), "GLU:" + n[len("GGML_GLU_OP_"):]) for n in dir(g)
