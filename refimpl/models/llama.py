@@ -1,0 +1,364 @@
+"""Llama-family decoders as plain functions over refimpl's ops, reading real GGUF files.
+
+    model = load("SmolLM2-135M-Instruct.Q4_1.gguf")       # weights stay quantized and memory-mapped
+    cache = new_cache(model, n_ctx=512)
+    logits = forward(model, tokens, cache)                 # (len(tokens), n_vocab) f32; appends to cache
+
+Shapes are NumPy order with llama.cpp's dim names: activations (n_tokens, n_embd) are ggml
+ne [n_embd, n_tokens]; a weight (n_out, n_in) is ne [n_in, n_out]. Intermediates carry llama.cpp's graph
+names (`attn_norm-0`, `Qcur-0`, `kq-0`, `ffn_out-0`, `result_norm`, `result_output`) for `capture=`.
+
+The graph follows llama.cpp's `llm_build_llama`: rms_norm·attn_norm -> Q, K, V -> rope_ext on Q, K ->
+softmax(K Q^T / sqrt(head_dim) + causal mask) -> V -> attn_output -> residual -> rms_norm·ffn_norm ->
+ffn_down(silu(ffn_gate x) * ffn_up x) -> residual; output_norm, then output (or token_embd when tied).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import gguf as _gguf
+from ..ops import add, get_rows, mul, mul_mat, rms_norm, rope_ext, soft_max_ext, swiglu
+from ..qtensor import QTensor
+
+A = Any  # np.ndarray or QTensor
+
+ROPE_NORMAL, ROPE_NEOX = 0, 2
+# llama.cpp's rope type per architecture (llama_model_rope_type): the GGUF converter permutes Q/K rows of
+# these so that adjacent pairs (NORMAL) reproduce HF's rotate-half; the NEOX ones keep halves.
+ROPE_MODE = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "granite": ROPE_NORMAL,
+             "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX, "gemma": ROPE_NEOX, "olmo2": ROPE_NEOX}
+
+
+@dataclass(frozen=True)
+class HParams:
+    """Read from GGUF metadata (`{arch}.…` keys), never from one checkpoint's defaults."""
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_rot: int
+    rms_eps: float
+    rope_base: float
+    rope_freq_scale: float
+    rope_mode: int
+
+    @classmethod
+    def from_gguf(cls, kv: dict, n_vocab: int) -> "HParams":
+        arch = kv.get("general.architecture")
+        if arch is None:
+            raise ValueError("GGUF metadata has no general.architecture")
+        if arch not in ROPE_MODE:
+            raise ValueError(f"architecture {arch!r} is not a llama-family model refimpl runs "
+                             f"(known: {sorted(ROPE_MODE)})")
+
+        def g(key, *default):
+            full = f"{arch}.{key}"
+            if full in kv:
+                return kv[full]
+            if default:
+                return default[0]
+            raise ValueError(f"GGUF metadata is missing {full!r}")
+
+        n_embd, n_head = int(g("embedding_length")), int(g("attention.head_count"))
+        n_head_kv = int(g("attention.head_count_kv", n_head))
+        if n_head <= 0 or n_embd % n_head:
+            raise ValueError(f"{arch}.attention.head_count {n_head} does not divide embedding_length {n_embd}")
+        if n_head_kv <= 0 or n_head % n_head_kv:
+            raise ValueError(f"{arch}.attention.head_count_kv {n_head_kv} does not divide head_count {n_head}")
+        head_dim = int(g("attention.key_length", n_embd // n_head))
+        n_ff = g("feed_forward_length")
+        if isinstance(n_ff, list):          # per-layer lengths: llama-family models here use one value
+            n_ff = max(n_ff)
+        scaling = g("rope.scaling.type", "none")
+        factor = float(g("rope.scaling.factor", 1.0) or 1.0)
+        if scaling not in ("none", "linear"):
+            raise ValueError(f"{arch}.rope.scaling.type {scaling!r} is not supported yet (only none/linear)")
+        return cls(arch=arch, n_vocab=int(g("vocab_size", n_vocab)), n_ctx_train=int(g("context_length", 0)),
+                   n_embd=n_embd, n_layer=int(g("block_count")), n_head=n_head, n_head_kv=n_head_kv,
+                   head_dim=head_dim, n_ff=int(n_ff), n_rot=int(g("rope.dimension_count", head_dim)),
+                   rms_eps=float(g("attention.layer_norm_rms_epsilon")), rope_base=float(g("rope.freq_base", 10000.0)),
+                   rope_freq_scale=1.0 / factor if scaling == "linear" else 1.0, rope_mode=ROPE_MODE[arch])
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Field x <- GGUF tensor `blk.{i}.x.weight` (NumPy order); biases (qwen2-style) when present."""
+    attn_norm: A
+    attn_q: A
+    attn_k: A
+    attn_v: A
+    attn_output: A
+    ffn_norm: A
+    ffn_gate: A
+    ffn_up: A
+    ffn_down: A
+    bq: A = None
+    bk: A = None
+    bv: A = None
+
+
+@dataclass
+class LlamaModel:
+    hparams: HParams
+    token_embd: A
+    output_norm: A
+    output: A                    # token_embd itself when the output is tied
+    layers: list[Layer]
+    tokenizer: Any = None
+    metadata: dict = field(default_factory=dict, repr=False)
+    path: str = ""
+
+
+def _tensor(f, name: str, shape: tuple, path) -> A:
+    t = f.tensors.get(name)
+    if t is None:
+        raise ValueError(f"{path}: tensor {name!r} is missing")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{path}: tensor {name!r} has ne {list(t.shape[::-1])} (numpy {tuple(t.shape)}), "
+                         f"expected ne {list(shape[::-1])} (numpy {tuple(shape)})")
+    return t
+
+
+def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False) -> LlamaModel:
+    """Load a llama-family GGUF: hyper-parameters from metadata, weights as memory-mapped views
+    (ndarrays / QTensors, never dequantized here).
+
+    dequantize_weights=True trades memory for speed: every matrix is dequantized once to f32 at load
+    (SmolLM2-135M: about 0.6 GB) instead of TILE_ROWS rows at a time in every mul_mat. Results are
+    identical (dequantization is exact either way)."""
+    f = path if isinstance(path, _gguf.GGUFFile) else _gguf.load(path)
+    path = f.path
+    kv = f.metadata
+    emb = f.tensors.get("token_embd.weight")
+    if emb is None:
+        raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
+    hp = HParams.from_gguf(kv, emb.shape[0])
+    if emb.shape != (hp.n_vocab, hp.n_embd):
+        raise ValueError(f"{path}: token_embd.weight has numpy shape {tuple(emb.shape)}, metadata says "
+                         f"vocab {hp.n_vocab} x embd {hp.n_embd}")
+    n_q, n_kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+    layers = []
+    for i in range(hp.n_layer):
+        p = f"blk.{i}."
+        t = lambda n, s: _tensor(f, p + n, s, path)   # noqa: E731
+        layers.append(Layer(
+            attn_norm=t("attn_norm.weight", (hp.n_embd,)), attn_q=t("attn_q.weight", (n_q, hp.n_embd)),
+            attn_k=t("attn_k.weight", (n_kv, hp.n_embd)), attn_v=t("attn_v.weight", (n_kv, hp.n_embd)),
+            attn_output=t("attn_output.weight", (hp.n_embd, n_q)), ffn_norm=t("ffn_norm.weight", (hp.n_embd,)),
+            ffn_gate=t("ffn_gate.weight", (hp.n_ff, hp.n_embd)), ffn_up=t("ffn_up.weight", (hp.n_ff, hp.n_embd)),
+            ffn_down=t("ffn_down.weight", (hp.n_embd, hp.n_ff)),
+            bq=f.tensors.get(p + "attn_q.bias"), bk=f.tensors.get(p + "attn_k.bias"),
+            bv=f.tensors.get(p + "attn_v.bias")))
+    output = f.tensors.get("output.weight", emb)
+    if dequantize_weights:
+        from ..qtensor import dequantize
+        dq = lambda t: dequantize(t) if isinstance(t, QTensor) else t   # noqa: E731
+        layers = [Layer(**{k: dq(v) for k, v in vars(w).items()}) for w in layers]
+        output = dq(output)
+    tok = None
+    if tokenizer and "tokenizer.ggml.model" in kv:
+        from ..tokenizer import from_gguf
+        tok = from_gguf(f)
+    return LlamaModel(hp, emb, _tensor(f, "output_norm.weight", (hp.n_embd,), path), output, layers, tok, kv,
+                      str(path))
+
+
+class KVCache:
+    """Preallocated K and V per layer: k[il] (n_ctx, n_head_kv, head_dim), filled in place.
+
+    `n_past` tokens are stored. `copy()` forks a conversation (the buffers are copied once).
+    dtype float32 (exact) or float16 (what llama.cpp's default cache stores).
+    """
+
+    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, dtype=np.float32):
+        self.k = np.zeros((n_layer, n_ctx, n_head_kv, head_dim), dtype)
+        self.v = np.zeros((n_layer, n_ctx, n_head_kv, head_dim), dtype)
+        self.n_past = 0
+        self.n_ctx = n_ctx
+
+    def store(self, il: int, k: np.ndarray, v: np.ndarray, pos: int):
+        """Write this layer's K, V for positions pos..pos+T-1; return K, V of positions 0..pos+T-1 (f32)."""
+        T = k.shape[0]
+        if pos + T > self.n_ctx:
+            raise ValueError(f"KV cache full: {pos} + {T} tokens > n_ctx {self.n_ctx}")
+        self.k[il, pos:pos + T] = k
+        self.v[il, pos:pos + T] = v
+        return (self.k[il, :pos + T].astype(np.float32, copy=False),
+                self.v[il, :pos + T].astype(np.float32, copy=False))
+
+    def copy(self) -> "KVCache":
+        c = KVCache.__new__(KVCache)
+        c.k, c.v, c.n_past, c.n_ctx = self.k.copy(), self.v.copy(), self.n_past, self.n_ctx
+        return c
+
+
+def new_cache(model: LlamaModel, n_ctx: int | None = None, dtype=np.float32) -> KVCache:
+    hp = model.hparams
+    n_ctx = n_ctx or min(hp.n_ctx_train or 2048, 2048)
+    return KVCache(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim, dtype)
+
+
+def _capture(capture) -> Callable[[str, np.ndarray], None]:
+    if capture is None:
+        return lambda name, x: None
+    if callable(capture):
+        return capture
+    return lambda name, x: capture.__setitem__(name, np.array(x, copy=True))
+
+
+def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
+    """(n_tokens, n_kv) f32: 0 where token t (at position pos+t) may attend to kv position j <= pos+t, else -inf."""
+    j = np.arange(n_kv)[None, :]
+    t = pos + np.arange(n_tokens)[:, None]
+    return np.where(j <= t, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+
+
+def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
+    """q (T, n_head, head_dim), k, v (n_kv, n_head_kv, head_dim) -> (T, n_head*head_dim).
+
+    As llama.cpp without flash attention: kq = mul_mat(K, Q) per head (GQA: head h reads kv head
+    h // (n_head/n_head_kv), mul_mat's block broadcast), softmax with scale and mask, then mul_mat(V^T, kq).
+    """
+    T, H, D = q.shape
+    qh = np.ascontiguousarray(q.transpose(1, 0, 2))            # (H, T, D)    ne [D, T, H]
+    kh = np.ascontiguousarray(k.transpose(1, 0, 2))            # (Hkv, n_kv, D)
+    kq = mul_mat(kh, qh)                                       # (H, T, n_kv) ne [n_kv, T, H]
+    cap(f"kq-{il}", kq)
+    kq = soft_max_ext(kq, mask, scale, 0.0)
+    cap(f"kq_soft_max-{il}", kq)
+    vt = np.ascontiguousarray(v.transpose(1, 2, 0))           # (Hkv, D, n_kv)
+    kqv = mul_mat(vt, kq)                                      # (H, T, D)
+    out = np.ascontiguousarray(kqv.transpose(1, 0, 2)).reshape(T, H * D)
+    cap(f"kqv_out-{il}", out)
+    return out
+
+
+def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap) -> np.ndarray:
+    """x (n_tokens, n_embd) -> (n_tokens, n_embd); this layer's K, V for pos.. go into the cache."""
+    T, D = x.shape[0], hp.head_dim
+    cur = mul(rms_norm(x, hp.rms_eps), w.attn_norm)
+    cap(f"attn_norm-{il}", cur)
+    q, k, v = mul_mat(w.attn_q, cur), mul_mat(w.attn_k, cur), mul_mat(w.attn_v, cur)
+    if w.bq is not None:
+        q, k, v = add(q, w.bq), add(k, w.bk), add(v, w.bv)
+    positions = np.arange(pos, pos + T, dtype=np.int32)
+    rope = lambda t: rope_ext(t, positions, None, n_dims=hp.n_rot, mode=hp.rope_mode,  # noqa: E731
+                              n_ctx_orig=hp.n_ctx_train, freq_base=hp.rope_base, freq_scale=hp.rope_freq_scale)
+    q = rope(q.reshape(T, hp.n_head, D))
+    k = rope(k.reshape(T, hp.n_head_kv, D))
+    v = v.reshape(T, hp.n_head_kv, D)
+    cap(f"Qcur-{il}", q)
+    cap(f"Kcur-{il}", k)
+    cap(f"Vcur-{il}", v)
+    kk, vv = cache.store(il, k, v, pos)
+    attn = mul_mat(w.attn_output, attention(q, kk, vv, mask, 1.0 / float(np.sqrt(D)), cap, il))
+    ffn_inp = add(attn, x)
+    cap(f"ffn_inp-{il}", ffn_inp)
+    cur = mul(rms_norm(ffn_inp, hp.rms_eps), w.ffn_norm)
+    cap(f"ffn_norm-{il}", cur)
+    cur = mul_mat(w.ffn_down, swiglu(mul_mat(w.ffn_gate, cur), mul_mat(w.ffn_up, cur)))
+    cap(f"ffn_out-{il}", cur)
+    out = add(cur, ffn_inp)
+    cap(f"l_out-{il}", out)
+    return out
+
+
+def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_only: bool = False) -> np.ndarray:
+    """Run `tokens` (any number) after the cache's n_past tokens; returns logits (n_tokens, n_vocab) f32
+    (only the last row with last_only=True) and advances the cache."""
+    hp = model.hparams
+    tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+    if tokens.size == 0:
+        raise ValueError("forward: no tokens")
+    if tokens.min() < 0 or tokens.max() >= hp.n_vocab:
+        raise ValueError(f"forward: token id out of range [0, {hp.n_vocab})")
+    cap = _capture(capture)
+    pos, T = cache.n_past, tokens.size
+    x = get_rows(model.token_embd, tokens)
+    cap("inp_embd", x)
+    mask = causal_mask(T, pos + T, pos)
+    for il, w in enumerate(model.layers):
+        x = layer(x, w, hp, cache, il, pos, mask, cap)
+    cache.n_past = pos + T
+    if last_only:
+        x = x[-1:]
+    x = mul(rms_norm(x, hp.rms_eps), model.output_norm)
+    cap("result_norm", x)
+    logits = mul_mat(model.output, x)
+    cap("result_output", logits)
+    return logits
+
+
+def format_chat(model: LlamaModel, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The conversation as text, through the GGUF's own chat template (sandboxed Jinja)."""
+    from ..chat import render
+    tmpl = model.metadata.get("tokenizer.chat_template")
+    if not tmpl:
+        raise ValueError(f"{model.path}: no tokenizer.chat_template in the GGUF metadata")
+    tok = model.tokenizer
+    piece = lambda i: tok.token_to_piece(i).decode("utf-8", "replace") if i is not None and i >= 0 else ""  # noqa: E731
+    return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
+                  bos_token=piece(getattr(tok, "bos_id", None)), eos_token=piece(getattr(tok, "eos_id", None)))
+
+
+def generate(model: LlamaModel, prompt, max_tokens: int = 64, sampler=None, *, cache: KVCache | None = None,
+             stop: tuple[str, ...] = (), add_special: bool = True, on_token=None):
+    """Stream text pieces of a continuation of `prompt` (text, or a list of token ids).
+
+    Stops at EOS/EOT, after max_tokens, or when the text so far ends with one of `stop` (the stop string
+    itself is not yielded). `cache` (e.g. a forked conversation) is continued if given.
+    """
+    from ..sampling import Sampler
+    sampler = sampler or Sampler()
+    tok = model.tokenizer
+    ids = tok.encode(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise ValueError("generate: empty prompt")
+    if cache is None:
+        cache = new_cache(model, min(model.hparams.n_ctx_train or 2048, len(ids) + max_tokens + 1))
+    # stop on every end-of-generation token the vocabulary defines (llama.cpp's EOG set), else EOS/EOT
+    end = {int(i) for i in (getattr(tok, "eog_ids", None) or ()) if i is not None and i >= 0}
+    end |= {i for i in (getattr(tok, "eos_id", None), getattr(tok, "eot_id", None)) if i is not None and i >= 0}
+    history = list(ids)
+    logits = forward(model, ids, cache, last_only=True)[-1]
+    stream = tok.stream()
+    text, held = "", ""
+    for _ in range(max_tokens):
+        t = sampler.sample(logits, history)
+        if on_token:
+            on_token(t)
+        if t in end:
+            break
+        history.append(t)
+        piece = stream.push(t)
+        if stop:
+            held += piece
+            text += piece
+            hit = next((s for s in stop if s in text), None)
+            if hit:
+                cut = text.index(hit)
+                emit = held[: max(0, len(held) - (len(text) - cut))]
+                if emit:
+                    yield emit
+                return
+            # hold back a tail that could still become a stop string
+            keep = max((len(s) - 1 for s in stop), default=0)
+            if len(held) > keep:
+                yield held[: len(held) - keep]
+                held = held[len(held) - keep:]
+        elif piece:
+            yield piece
+        if cache.n_past >= cache.n_ctx:
+            break
+        logits = forward(model, [t], cache)[-1]
+    tail = stream.flush() if hasattr(stream, "flush") else ""     # an incomplete UTF-8 end: U+FFFD
+    if held or tail:
+        yield held + tail

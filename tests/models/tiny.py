@@ -1,0 +1,66 @@
+"""Tiny random Llama GGUFs written with refimpl.gguf.save, for model tests that need no download."""
+from __future__ import annotations
+
+import numpy as np
+
+import refimpl
+from refimpl import gguf
+
+
+def byte_level_vocab(n_vocab: int) -> dict:
+    """Minimal `tokenizer.*` metadata that llama.cpp (and refimpl.tokenizer) accept: a GPT-2 byte-level BPE.
+
+    llama.cpp will not load a GGUF without `tokenizer.ggml.model`; "gpt2" also needs `tokenizer.ggml.tokens`
+    and a non-empty `tokenizer.ggml.merges` ("none" loads in llama.cpp but refimpl's loader builds no
+    tokenizer from it). Tokens: "Ġ" (space), "Ċ" (newline), printable ASCII, the other byte symbols of
+    GPT-2's byte-to-unicode table, then "<|extra_i|>"; the last id is "ĠĠ", the one merge. All NORMAL.
+    """
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]   # GPT-2's bytes_to_unicode: these
+    sym = {b: chr(b) for b in keep}                                       # bytes stand for themselves, the
+    sym.update({b: chr(0x100 + k) for k, b in enumerate(b for b in range(256) if b not in sym)})   # rest U+0100..
+    order = [0x20, 0x0A, *range(0x21, 0x7F)]            # " " is "Ġ", "\n" is "Ċ", then printable ASCII
+    order += [b for b in range(256) if b not in order]
+    tokens = [sym[b] for b in order][: n_vocab - 1]
+    tokens += [f"<|extra_{i}|>" for i in range(len(tokens), n_vocab - 1)] + ["ĠĠ"]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [1] * n_vocab, "tokenizer.ggml.merges": ["Ġ Ġ"]}
+
+
+def write_tiny_llama(path, *, n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
+                     rope_base=50000.0, tied=False, wtype="f32", seed=0, vocab=True):
+    """A llama-architecture GGUF with random weights (norm gains spread around 1, GQA when n_head_kv < n_head).
+
+    vocab=True adds `byte_level_vocab(n_vocab)` so that llama.cpp loads the file; the weights do not depend
+    on it. The same arguments always give the same bytes (tests/models/test_llama_tiny_golden.py checks a
+    SHA-256 of each file llama.cpp ran).
+    """
+    rng = np.random.default_rng(seed)
+    hd = n_embd // n_head
+
+    def w(*shape, scale=None):
+        x = rng.standard_normal(shape).astype(np.float32) * np.float32(scale or shape[-1] ** -0.5)
+        return x if wtype == "f32" else refimpl.quantize(x, wtype)
+
+    def gain(n):
+        return (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {"token_embd.weight": w(n_vocab, n_embd, scale=1.0), "output_norm.weight": gain(n_embd)}
+    if not tied:
+        t["output.weight"] = w(n_vocab, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t.update({p + "attn_norm.weight": gain(n_embd), p + "attn_q.weight": w(n_head * hd, n_embd),
+                  p + "attn_k.weight": w(n_head_kv * hd, n_embd), p + "attn_v.weight": w(n_head_kv * hd, n_embd),
+                  p + "attn_output.weight": w(n_embd, n_head * hd), p + "ffn_norm.weight": gain(n_embd),
+                  p + "ffn_gate.weight": w(n_ff, n_embd), p + "ffn_up.weight": w(n_ff, n_embd),
+                  p + "ffn_down.weight": w(n_embd, n_ff)})
+    md = {"general.architecture": "llama", "general.name": "tiny-random-llama",
+          "llama.context_length": 256, "llama.embedding_length": n_embd, "llama.block_count": n_layer,
+          "llama.feed_forward_length": n_ff, "llama.attention.head_count": n_head,
+          "llama.attention.head_count_kv": n_head_kv, "llama.rope.freq_base": float(rope_base),
+          "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": hd,
+          "llama.vocab_size": n_vocab}
+    if vocab:
+        md.update(byte_level_vocab(n_vocab))
+    gguf.save(path, md, t)
+    return path
