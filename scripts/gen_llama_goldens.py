@@ -1,6 +1,8 @@
 """Write llama.cpp's answers for the Llama work into tests/golden_data/ (tokens, logits, greedy text).
 
-    python scripts/gen_llama_goldens.py [--model PATH] [--out tests/golden_data] [--only tokens|logits]
+    python scripts/gen_llama_goldens.py [--model PATH] [--out tests/golden_data] [--only tokens|logits|tiny]
+
+`--only tiny` needs no download: it writes llama_tiny.npz only (in about 3 s).
 
 The oracle is llama-cpp-python==0.3.36 (vendored llama.cpp commit 0c1e570 / ggml 0c1e570), built
 portably, with no AVX-512 and no AMX (their kernels change the numbers):
@@ -76,6 +78,17 @@ the teacher-forced batch's logits for the same position differ by up to ~0.65 (m
 largest top-1 difference per prompt, and where a near tie flips the argmax). The prompt positions of
 the prompt forward and of the teacher-forced forward are bit-identical. Compare refimpl's batched
 forward with `top_*`/`tf_top_*`, its token-by-token decoding with `greedy_top_*`.
+
+llama_tiny.npz   tiny random Llama GGUFs (tests/models/tiny.py's `write_tiny_llama`, fixed seeds), one per
+                 entry of TINY_MODELS: GQA and MHA, tied and untied output, rope bases 1e4 .. 1e6, weights
+                 F32, F16, Q8_0, Q4_0. Each file is written to a temporary directory and run through the
+                 same loader and settings as the SmolLM2 logits (CPU, n_threads=2, no repacking, flash
+                 attention off, f16 KV cache, ONE llama_decode over the whole sequence with logits for
+                 every position); "meta" (JSON) records the build, the settings, the load log and, per
+                 model, the exact writer arguments and the SHA-256 of the GGUF bytes (the test rewrites
+                 the file and checks it before comparing)
+    {name}_tokens  int32 (n_tokens,)          the token ids (seeded draw from the model's vocabulary)
+    {name}_logits  f32 (n_tokens, n_vocab)    llama.cpp's logits of every position, all of the vocabulary
 """
 from __future__ import annotations
 
@@ -474,6 +487,71 @@ def gen_logits(model: str, out: str, log: LogCapture) -> None:
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
 
+# name -> write_tiny_llama arguments; what each covers is in its name (n_head x n_head_kv, output, rope base)
+TINY_MODELS = {
+    "f32_gqa4x2_untied_rope5e4": dict(n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
+                                      rope_base=50000.0, tied=False, wtype="f32", seed=0),
+    "f32_mha4_tied_rope1e4": dict(n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=96,
+                                  rope_base=10000.0, tied=True, wtype="f32", seed=1),
+    "f16_gqa4x1_tied_rope1e4": dict(n_vocab=128, n_embd=64, n_layer=2, n_head=4, n_head_kv=1, n_ff=128,
+                                    rope_base=10000.0, tied=True, wtype="f16", seed=2),
+    "q8_0_gqa4x2_untied_rope5e5": dict(n_vocab=96, n_embd=64, n_layer=3, n_head=4, n_head_kv=2, n_ff=96,
+                                       rope_base=500000.0, tied=False, wtype="q8_0", seed=3),
+    "q4_0_gqa8x2_tied_rope1e6": dict(n_vocab=300, n_embd=64, n_layer=2, n_head=8, n_head_kv=2, n_ff=128,
+                                     rope_base=1000000.0, tied=True, wtype="q4_0", seed=4),
+}
+TINY_N_TOKENS = 32
+TINY_TOKEN_SEED = 1234
+
+
+def tiny_tokens(n_vocab: int) -> np.ndarray:
+    """The fixed sequence: TINY_N_TOKENS ids drawn with a fixed seed, plus a repeat (attention to an equal key)."""
+    t = np.random.default_rng(TINY_TOKEN_SEED).integers(0, n_vocab, TINY_N_TOKENS).astype(np.int32)
+    t[TINY_N_TOKENS // 2] = t[3]
+    return t
+
+
+def gen_tiny(out: str, log: LogCapture) -> None:
+    import llama_cpp
+    from tests.models.tiny import write_tiny_llama
+
+    arrays, models, load_log, settings = {}, [], [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, args in TINY_MODELS.items():
+            p = os.path.join(tmp, f"{name}.gguf")
+            write_tiny_llama(p, **args)
+            n0 = len(log.lines)
+            llm, settings = load_llama(p, vocab_only=False, logits_all=True)
+            lines = [ln for ln in "".join(log.lines[n0:]).splitlines()
+                     if "buffer size" in ln or "REPACK" in ln or "repack" in ln or "extra" in ln]
+            load_log += [f"{name}: {ln}" for ln in lines]
+            assert not settings["use_extra_bufts"]
+            n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm.model))
+            assert n_vocab == args["n_vocab"], (name, n_vocab)
+            tokens = tiny_tokens(args["n_vocab"])
+            llm.reset()
+            llm.eval(tokens.tolist())                   # one llama_decode, logits for every position
+            logits = np.array(llm.scores[:len(tokens)], dtype=np.float32)
+            del llm
+            assert logits.shape == (len(tokens), args["n_vocab"]) and np.isfinite(logits).all()
+            arrays[f"{name}_tokens"] = tokens
+            arrays[f"{name}_logits"] = logits
+            models.append({"name": name, "writer_args": args, "gguf_sha256": sha256_file(p),
+                           "gguf_bytes": os.path.getsize(p), "n_tokens": len(tokens)})
+    meta = {"about": "llama.cpp logits of tiny random Llama GGUFs (tests/models/tiny.py write_tiny_llama); see "
+                     "scripts/gen_llama_goldens.py",
+            "build": build_info(llama_cpp), "settings": settings, "writer": "tests.models.tiny.write_tiny_llama",
+            "tokens": f"numpy default_rng({TINY_TOKEN_SEED}).integers(0, n_vocab, {TINY_N_TOKENS}), "
+                      f"token {TINY_N_TOKENS // 2} set to token 3",
+            "path": "llama.cpp CPU backend (ggml-cpu AVX2/FMA/F16C, GGML_USE_LLAMAFILE sgemm compiled in), "
+                    "no weight repacking (use_extra_bufts=False), flash attention off, KV cache f16, "
+                    "one llama_decode per sequence (logits for all positions), one micro-batch (n_ubatch=512)",
+            "load_log": load_log, "models": models}
+    path = os.path.join(out, "llama_tiny.npz")
+    np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
+    print(f"wrote {path} ({os.path.getsize(path)} bytes)")
+
+
 def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -493,7 +571,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(model_path("smollm2")))
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--only", choices=("tokens", "logits"))
+    ap.add_argument("--only", choices=("tokens", "logits", "tiny"))
     args = ap.parse_args()
     import llama_cpp
     if llama_cpp.__version__ != LLAMA_CPP_PYTHON:
@@ -505,6 +583,8 @@ def main() -> int:
         gen_tokens(args.model, args.out, log)
     if args.only in (None, "logits"):
         gen_logits(args.model, args.out, log)
+    if args.only in (None, "tiny"):
+        gen_tiny(args.out, log)
     return 0
 
 
