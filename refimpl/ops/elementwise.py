@@ -1,33 +1,841 @@
-"""Element-wise ops: binary ops with ggml's tiling broadcast, unary ops, GLU ops, scale, clamp, ..."""
+"""Element-wise ops: binary ops with ggml's tiling broadcast, unary ops, GLU ops, scale, clamp, fill, tri, arange.
+
+Every op converts its operands to f32, computes one f32 NumPy operation per C operation of ggml-cpu's kernel,
+in the kernel's order, and rounds once to the result type (f32, f16 as a float16 ndarray, bf16 as a QTensor).
+Two choices make that exact mode differ from ggml-cpu's bits, and only by an ulp or two:
+
+* C's single-precision libm (`expf`, `expm1f`, `logf`, `sinf`, `cosf`, `tanhf`, `erff`) is evaluated in f64
+  and rounded to f32 (`_libm`). glibc's float functions are not correctly rounded: they differ from this on
+  about 1% of inputs (`sinf`, `cosf`, `erff`), 10-20% (`tanhf` up to 2 ulp, `expm1f`), 0.1% (`expf`, `logf`).
+* SILU and SWIGLU use the true exp; ggml-cpu's AVX2 kernels use a SIMD polynomial exp on 8-lane chunks.
+
+Where GCC fuses `a*b + c` in ggml-cpu's compiled code (scale with bias, arange, xielu, silu_back, the GELU
+table) refimpl does the same with `_fma` (one rounding). GELU and GELU_QUICK are *defined* on the CPU by
+65536-entry f16 tables; refimpl builds the same tables (`gelu_table`, `gelu_quick_table`).
+"""
 from __future__ import annotations
+
+import functools
+import math
 
 import numpy as np
 
+from ..qtensor import QTensor, dequantize, quantize
+from ..quants._common import f16_bits, f16_to_f32
+from ..quants.floats import f32_to_bf16_bits
+from ..types import GGMLType
 from ._core import op
-from ._shapes import fail, fmt, tile_to
+from ._shapes import fail, fmt, ne4, tile_to  # noqa: F401
+
+f32 = np.float32
+FLOAT_TYPES = ("f32", "f16", "bf16")
 
 
-def _f32(x) -> np.ndarray:
-    return np.asarray(x, dtype=np.float32)
+# -- operand types and layouts ---------------------------------------------------------------------
+
+def _tname(x) -> str:
+    """The ggml type name of an ndarray or QTensor: "f32", "f16", "bf16", "i32", "q4_0", ..."""
+    if isinstance(x, QTensor):
+        return x.traits.name.lower()
+    return {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int32): "i32",
+            np.dtype(np.int64): "i64", np.dtype(np.float64): "f64"}.get(np.asarray(x).dtype, str(np.asarray(x).dtype))
+
+
+def _load(name: str, x, types=FLOAT_TYPES, what: str = "a") -> tuple[np.ndarray, str]:
+    """x's values in f32 (exact for f16/bf16) and its type name; fail unless the type is in `types`."""
+    t = _tname(x)
+    if t not in types:
+        fail(name, f"{what} must be {'/'.join(types)}, got {t}", **{what: x})
+    if isinstance(x, QTensor):                          # bf16 (the only QTensor these ops take): bits << 16
+        bits = np.ascontiguousarray(x.data).view("<u2").astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(x.shape), t
+    x = np.asarray(x)
+    return (f16_to_f32(x) if t == "f16" else x.astype(np.float32)), t
+
+
+def _store(y: np.ndarray, t: str):
+    """f32 values rounded once to type t (ggml's f32 -> f16 / bf16 conversions)."""
+    y = np.asarray(y, np.float32)
+    if t == "f32":
+        return y
+    if t == "f16":
+        return f16_bits(y).view(np.float16)
+    if t == "bf16":
+        n = y.shape[-1] if y.ndim else 1
+        y = y.reshape(y.shape or (1,))
+        return QTensor(GGMLType.BF16, np.ascontiguousarray(f32_to_bf16_bits(y)).view(np.uint8)
+                       .reshape(y.shape[:-1] + (2 * n,)), y.shape)
+    raise AssertionError(t)
+
+
+def _ne_nb(x) -> tuple[list[int], list[int], int]:
+    """ggml's ne, nb and type size of an ndarray or QTensor; size-1 dims get the packed stride (ggml
+    ignores their stride, and NumPy's is arbitrary)."""
+    if isinstance(x, QTensor):
+        ts, blck, nb0, lead = x.traits.type_size, x.traits.blck_size, x.traits.type_size, x.data.strides[:-1]
+    else:
+        x = np.asarray(x)
+        ts, blck, nb0, lead = x.itemsize, 1, (x.strides[-1] if x.ndim else x.itemsize), x.strides[:-1]
+    ne = ne4(x.shape)
+    nb = [nb0] + list(lead[::-1]) + [0] * (3 - len(lead))
+    nb[0] = ts if ne[0] == 1 else nb[0]
+    for i in range(1, 4):
+        if ne[i] == 1:
+            nb[i] = nb[i - 1] * (ne[0] // blck if i == 1 else ne[i - 1])
+    return ne, nb, ts
+
+
+def _rows_packed(x) -> bool:
+    """ggml_is_contiguous_rows: nb0 == type size (elements of a row adjacent)."""
+    ne, nb, ts = _ne_nb(x)
+    return nb[0] == ts
+
+
+def _contiguous_1(x) -> bool:
+    """ggml_is_contiguous_1 (= ggml_is_padded_1d here): rows packed, dims 2 and 3 packed over dim 1, whose
+    stride is free (rows may be padded)."""
+    ne, nb, ts = _ne_nb(x)
+    return nb[0] == ts and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
+
+
+def _contiguous(x) -> bool:
+    ne, nb, ts = _ne_nb(x)
+    n0 = ne[0] // (x.traits.blck_size if isinstance(x, QTensor) else 1)
+    return nb[0] == ts and nb[1] == ts * n0 and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
+
+
+def _check_layout(name: str, layout: str, **operands) -> None:
+    check, why = {"rows": (_rows_packed, "rows must be contiguous (ggml asserts nb0 == type size)"),
+                  "contiguous_1": (_contiguous_1, "must have contiguous rows and dims 2, 3 packed over dim 1 "
+                                                  "(ggml_is_contiguous_1)"),
+                  "contiguous": (_contiguous, "must be contiguous (ggml_is_contiguous)")}[layout]
+    for k, x in operands.items():
+        if not check(x):
+            fail(name, f"{k} {why}", **{k: x})
+
+
+# -- f32 arithmetic primitives ---------------------------------------------------------------------
+
+def _libm(fn64, x) -> np.ndarray:
+    """A C single-precision libm function (expf, logf, ...): the f64 function rounded once to f32."""
+    with np.errstate(all="ignore"):
+        return fn64(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
+
+
+_erf64 = np.frompyfunc(math.erf, 1, 1)
+
+
+def _expf(x):
+    return _libm(np.exp, x)
+
+
+def _erff(x):
+    return _libm(lambda v: _erf64(v).astype(np.float64), x)
+
+
+def _fma(a, b, c) -> np.ndarray:
+    """f32 a*b + c with a single rounding (what GCC's contracted FMA computes): the product is exact in f64,
+    the f64 sum is rounded to odd (sticky last bit), so the final rounding to f32 is the correct one."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    with np.errstate(all="ignore"):
+        p = a * b
+        s = p + c
+        t = s - p
+        e = (p - (s - t)) + (c - t)                     # s + e == p + c exactly (two-sum)
+        bits = np.atleast_1d(s).view(np.int64).copy()
+        inexact = np.atleast_1d((e != 0) & np.isfinite(s)) & ((bits & 1) == 0)
+        toward = np.where(np.atleast_1d((e > 0) == (s > 0)), 1, -1)
+        bits = np.where(inexact, bits + toward, bits)
+        return bits.view(np.float64).reshape(np.shape(s)).astype(np.float32)
+
+
+# -- binary ops: tiling broadcast --------------------------------------------------------------------
+
+# ggml-cpu's binary_op (binary-ops.cpp): (src0, src1) type pairs; the result has src0's type.
+_BINARY_TYPES = {"f32": ("f32",), "f16": ("f16", "f32"), "bf16": ("bf16", "f32")}
 
 
 def _binary(name, a, b, fn):
-    a = np.asarray(a)
-    if a.dtype not in (np.float32, np.float16):
-        fail(name, f"src0 must be f32 or f16, got {a.dtype}", a=a)
-    bt = tile_to(name, a, b)
+    x, ta = _load(name, a, tuple(_BINARY_TYPES))
+    tb = _tname(b)
+    if tb not in _BINARY_TYPES[ta]:
+        fail(name, f"src1 must be {'/'.join(_BINARY_TYPES[ta])} when src0 is {ta}, got {tb}", a=a, b=b)
+    _check_layout(name, "rows", a=a)
+    y, _ = _load(name, b, _BINARY_TYPES[ta], "b")
     with np.errstate(all="ignore"):
-        return fn(a.astype(np.float32), bt.astype(np.float32)).astype(a.dtype)
+        return _store(fn(x, tile_to(name, x, y)), ta)
+
+
+# block types ggml-cpu's add/add1 requantize to: those whose CPU type traits have a from_float
+# (ggml-cpu.c type_traits_cpu; the IQ1/IQ2/IQ3 types have none, and ggml then copies f32 bytes into the blocks)
+QUANT_ADD_TYPES = frozenset(t.name.lower() for t in (
+    GGMLType.Q1_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4,
+    GGMLType.NVFP4, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
+    GGMLType.IQ4_XS, GGMLType.TQ1_0, GGMLType.TQ2_0))
+
+
+def _quant_add(name, a: QTensor, v: np.ndarray) -> QTensor:
+    """Dequantize a's rows, add v (f32, a's shape or a scalar), requantize with ggml-cpu's from_float."""
+    t = a.traits.name.lower()
+    if t not in QUANT_ADD_TYPES:
+        fail(name, f"ggml-cpu cannot requantize to {t} (no CPU from_float)", a=a)
+    with np.errstate(all="ignore"):
+        return quantize(dequantize(a) + v, a.type, method="cpu")
 
 
 @op("add")
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_add: a + b, b tiled over a (every ne of a a multiple of b's).
 
-    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16
-    b    ne [m0, m1, m2, m3]   with n_i % m_i == 0       f32/f16
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16, rows contiguous; or a block QTensor
+    b    ne [m0, m1, m2, m3]   with n_i % m_i == 0       a's type, or f32; any layout
     out  a's shape and type;   out[i] = a[i] + b[i mod ne(b)]   (np.tile, not NumPy broadcasting)
+
+    Computed in f32, rounded once to a's type. E.g. x (n_tokens, n_embd) + bias (n_embd,).
+    A block-quantized a (a LoRA-merged weight, say) needs b f32 of a's exact shape with packed rows: each
+    row is dequantized, added in f32 and requantized with ggml-cpu's from_float (quantize(method="cpu")).
+    """
+    if isinstance(a, QTensor) and a.traits.blck_size > 1:
+        if _tname(b) != "f32" or ne4(np.shape(b)) != ne4(a.shape):
+            fail("add", "a quantized a needs b f32 of the same shape", a=a, b=b)
+        _check_layout("add", "rows", b=b)
+        return _quant_add("add", a, np.asarray(b).reshape(a.shape))
+    return _binary("add", a, b, np.add)
+
+
+@op("sub")
+def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_sub: a - b, b tiled over a (every ne of a a multiple of b's).
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16, rows contiguous
+    b    ne [m0, m1, m2, m3]   with n_i % m_i == 0       a's type, or f32; any layout
+    out  a's shape and type;   out[i] = a[i] - b[i mod ne(b)]
 
     Computed in f32, rounded once to a's type.
     """
-    return _binary("add", a, b, np.add)
+    return _binary("sub", a, b, np.subtract)
+
+
+@op("mul")
+def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_mul: a * b, b tiled over a (every ne of a a multiple of b's).
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16, rows contiguous
+    b    ne [m0, m1, m2, m3]   with n_i % m_i == 0       a's type, or f32; any layout
+    out  a's shape and type;   out[i] = a[i] * b[i mod ne(b)]
+
+    E.g. the norm weight: rms_norm(x) (n_tokens, n_embd) * attn_norm (n_embd,). f32, rounded once.
+    """
+    return _binary("mul", a, b, np.multiply)
+
+
+@op("div")
+def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_div: a / b, b tiled over a (every ne of a a multiple of b's).
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16, rows contiguous
+    b    ne [m0, m1, m2, m3]   with n_i % m_i == 0       a's type, or f32; any layout
+    out  a's shape and type;   out[i] = a[i] / b[i mod ne(b)]   (IEEE: x/0 = ±inf, 0/0 = nan)
+
+    Computed in f32, rounded once to a's type.
+    """
+    return _binary("div", a, b, np.divide)
+
+
+@op("add1")
+def add1(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_add1: a + the single value of b (deprecated in ggml in favour of add).
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16 or a block QTensor; rows contiguous,
+                                                        dims 2, 3 packed
+    b    ne [1, 1, 1, 1]       numpy (1,) or ()          f32 (also a's type for f16/bf16)
+    out  a's shape and type;   out = a + b[0]
+
+    Computed in f32, rounded once to a's type; a block-quantized a is dequantized, added to and requantized
+    with ggml-cpu's from_float. ggml-cpu writes quantized rows of i3 > 0 to the wrong place (it offsets them
+    by i3*nb0 instead of i3*nb3), so its result is only right for ne3 = 1; refimpl computes every row.
+    """
+    _check_layout("add1", "contiguous_1", a=a)
+    if isinstance(a, QTensor) and a.traits.blck_size > 1:
+        if _tname(b) != "f32" or int(np.prod(np.shape(b))) != 1:
+            fail("add1", "b must be an f32 scalar when a is quantized", a=a, b=b)
+        return _quant_add("add1", a, np.float32(np.asarray(b).reshape(())))
+    x, ta = _load("add1", a, FLOAT_TYPES)
+    tb = _tname(b)
+    if tb not in _BINARY_TYPES[ta]:
+        fail("add1", f"b must be {'/'.join(_BINARY_TYPES[ta])} when a is {ta}, got {tb}", a=a, b=b)
+    if int(np.prod(np.shape(b) if not isinstance(b, QTensor) else b.shape)) != 1:
+        fail("add1", "b must be a scalar (ne [1, 1, 1, 1])", a=a, b=b)
+    v, _ = _load("add1", b, _BINARY_TYPES[ta], "b")
+    with np.errstate(all="ignore"):
+        return _store(x + v.reshape(()), ta)
+
+
+@op("add_id")
+def add_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """ggml_add_id: add to each row of a the row of b that ids selects (MoE expert biases).
+
+    a    ne [n, n_used, n_tokens, n3]   numpy (n3, n_tokens, n_used, n)   f32, rows contiguous
+    b    ne [n, n_expert]               numpy (n_expert, n)               f32, rows contiguous
+    ids  ne [n_used, n_tokens]          numpy (n_tokens, n_used)          i32, 0 <= ids < n_expert
+    out  a's shape, f32
+
+        out[i3, t, e, :] = a[i3, t, e, :] + b[ids[t, e], :]
+
+    b's rows are taken from its first ne2/ne3 plane only (ggml-cpu indexes them by ne1 alone).
+    """
+    x, _ = _load("add_id", a, ("f32",))
+    y, _ = _load("add_id", b, ("f32",), "b")
+    ids = np.asarray(ids)
+    if ids.dtype != np.int32:
+        fail("add_id", f"ids must be i32, got {ids.dtype}", a=a, ids=ids)
+    na, nb_, ni = ne4(x.shape), ne4(y.shape), ne4(ids.shape)
+    if na[0] != nb_[0] or na[1] != ni[0] or na[2] != ni[1]:
+        fail("add_id", "need a.ne0 == b.ne0, a.ne1 == ids.ne0, a.ne2 == ids.ne1", a=a, b=b, ids=ids)
+    _check_layout("add_id", "rows", a=a, b=b)
+    rows = y.reshape(-1, nb_[1], nb_[0])[0]
+    idx = ids.reshape(ni[3], ni[2], ni[1], ni[0])[0, 0]           # (ne2, ne1) = (n_tokens, n_used)
+    if idx.size and (idx.min() < 0 or idx.max() >= nb_[1]):
+        fail("add_id", f"ids out of range [0, {nb_[1]})", a=a, b=b, ids=ids)
+    with np.errstate(all="ignore"):
+        out = x.reshape(na[3], na[2], na[1], na[0]) + rows[idx][None]
+    return out.reshape(x.shape)
+
+
+# -- unary ops -----------------------------------------------------------------------------------------
+
+def _unary(name, a, f, types=FLOAT_TYPES, layout="rows"):
+    x, t = _load(name, a, types)
+    _check_layout(name, layout, a=a)
+    with np.errstate(all="ignore"):
+        return _store(f(x), t)
+
+
+def _unary_doc(call: str, math_: str, note: str = "", types: str = "f32/f16/bf16") -> str:
+    return (f"""{call}
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   {types}, rows contiguous
+    out  a's shape and type
+
+        {math_}
+""" + (f"\n    {note}\n" if note else ""))
+
+
+def _doc(text: str):
+    def deco(fn):
+        fn.__doc__ = text
+        return fn
+    return deco
+
+
+_LIBM_NOTE = ("Computed in f32 from a's values and rounded once to a's type; the libm call is evaluated in f64 "
+              "and rounded to f32 (glibc's single-precision function may differ by an ulp or two).")
+
+
+@op("sqr")
+@_doc(_unary_doc("ggml_sqr: the square of each element.", "out = a * a   (f32, rounded once to a's type)"))
+def sqr(a):
+    return _unary("sqr", a, lambda x: x * x)
+
+
+@op("sqrt")
+@_doc(_unary_doc("ggml_sqrt: the square root of each element.", "out = sqrtf(a)   (IEEE, correctly rounded; "
+                 "nan for a < 0)"))
+def sqrt(a):
+    return _unary("sqrt", a, np.sqrt)
+
+
+@op("log")
+@_doc(_unary_doc("ggml_log: the natural logarithm of each element.", "out = logf(a)   (-inf at 0, nan below)",
+                 _LIBM_NOTE))
+def log(a):
+    return _unary("log", a, lambda x: _libm(np.log, x))
+
+
+@op("sin")
+@_doc(_unary_doc("ggml_sin: the sine of each element (radians).", "out = sinf(a)", _LIBM_NOTE))
+def sin(a):
+    return _unary("sin", a, lambda x: _libm(np.sin, x))
+
+
+@op("cos")
+@_doc(_unary_doc("ggml_cos: the cosine of each element (radians).", "out = cosf(a)", _LIBM_NOTE))
+def cos(a):
+    return _unary("cos", a, lambda x: _libm(np.cos, x))
+
+
+@op("abs", covers="UNARY:ABS")
+@_doc(_unary_doc("ggml_abs: |a| element-wise.", "out = fabsf(a)"))
+def abs(a):  # noqa: A001  (ggml's name; shadows the builtin in this module only)
+    return _unary("abs", a, np.abs)
+
+
+@op("sgn", covers="UNARY:SGN")
+@_doc(_unary_doc("ggml_sgn: the sign of each element.", "out = 1 if a > 0, -1 if a < 0, else 0 (also for "
+                 "-0 and nan)"))
+def sgn(a):
+    return _unary("sgn", a, lambda x: np.where(x > 0, f32(1), np.where(x < 0, f32(-1), f32(0))))
+
+
+@op("neg", covers="UNARY:NEG")
+@_doc(_unary_doc("ggml_neg: -a element-wise.", "out = -a   (flips the sign bit, also of 0 and nan)"))
+def neg(a):
+    return _unary("neg", a, np.negative)
+
+
+@op("step", covers="UNARY:STEP")
+@_doc(_unary_doc("ggml_step: the Heaviside step of each element.", "out = 1 if a > 0 else 0"))
+def step(a):
+    return _unary("step", a, lambda x: np.where(x > 0, f32(1), f32(0)))
+
+
+@op("tanh", covers="UNARY:TANH")
+@_doc(_unary_doc("ggml_tanh: the hyperbolic tangent of each element.", "out = tanhf(a)", _LIBM_NOTE))
+def tanh(a):
+    return _unary("tanh", a, lambda x: _libm(np.tanh, x))
+
+
+@op("elu", covers="UNARY:ELU")
+@_doc(_unary_doc("ggml_elu: exponential linear unit (alpha = 1).", "out = a if a > 0 else expm1f(a)",
+                 _LIBM_NOTE))
+def elu(a):
+    return _unary("elu", a, lambda x: np.where(x > 0, x, _libm(np.expm1, x)))
+
+
+@op("relu", covers="UNARY:RELU")
+@_doc(_unary_doc("ggml_relu: rectified linear unit.", "out = a if a > 0 else 0   (+0 for -0 and nan)"))
+def relu(a):
+    return _unary("relu", a, lambda x: np.where(x > 0, x, f32(0)))
+
+
+@op("sigmoid", covers="UNARY:SIGMOID")
+@_doc(_unary_doc("ggml_sigmoid: the logistic function.", "out = 1 / (1 + expf(-a))   (f32 steps)", _LIBM_NOTE))
+def sigmoid(a):
+    return _unary("sigmoid", a, lambda x: f32(1) / (f32(1) + _expf(-x)))
+
+
+@op("hardsigmoid", covers="UNARY:HARDSIGMOID")
+@_doc(_unary_doc("ggml_hardsigmoid: the piecewise-linear sigmoid.",
+                 "out = fminf(1, fmaxf(0, (a + 3) / 6))   (f32 steps; fmaxf/fminf ignore nan: nan -> 0)"))
+def hardsigmoid(a):
+    return _unary("hardsigmoid", a, lambda x: np.fmin(f32(1), np.fmax(f32(0), (x + f32(3)) / f32(6))))
+
+
+@op("hardswish", covers="UNARY:HARDSWISH")
+@_doc(_unary_doc("ggml_hardswish: a * hardsigmoid(a).", "out = a * fminf(1, fmaxf(0, (a + 3) / 6))   (f32 steps)"))
+def hardswish(a):
+    return _unary("hardswish", a, lambda x: x * np.fmin(f32(1), np.fmax(f32(0), (x + f32(3)) / f32(6))))
+
+
+@op("exp", covers="UNARY:EXP")
+@_doc(_unary_doc("ggml_exp: e**a element-wise.", "out = expf(a)", _LIBM_NOTE))
+def exp(a):
+    return _unary("exp", a, _expf)
+
+
+@op("expm1", covers="UNARY:EXPM1")
+@_doc(_unary_doc("ggml_expm1: e**a - 1 element-wise.", "out = expf(a) - 1   (two f32 steps, as ggml-cpu: "
+                 "not expm1f, so small |a| loses precision exactly as in ggml)", _LIBM_NOTE))
+def expm1(a):
+    return _unary("expm1", a, lambda x: _expf(x) - f32(1))
+
+
+@op("softplus", covers="UNARY:SOFTPLUS")
+@_doc(_unary_doc("ggml_softplus: a smooth relu.", "out = a if a > 20 else logf(1 + expf(a))   (f32 steps)",
+                 _LIBM_NOTE))
+def softplus(a):
+    return _unary("softplus", a, _softplus)
+
+
+def _softplus(x):
+    return np.where(x > f32(20), x, _libm(np.log, f32(1) + _expf(x)))
+
+
+@op("floor", covers="UNARY:FLOOR")
+@_doc(_unary_doc("ggml_floor: round down to an integer.", "out = floorf(a)"))
+def floor(a):
+    return _unary("floor", a, np.floor)
+
+
+@op("ceil", covers="UNARY:CEIL")
+@_doc(_unary_doc("ggml_ceil: round up to an integer.", "out = ceilf(a)"))
+def ceil(a):
+    return _unary("ceil", a, np.ceil)
+
+
+@op("round", covers="UNARY:ROUND")
+@_doc(_unary_doc("ggml_round: round to the nearest integer, halves away from zero.",
+                 "out = roundf(a)   (2.5 -> 3, -2.5 -> -3; np.round would give 2 and -2)"))
+def round(a):  # noqa: A001  (ggml's name; shadows the builtin in this module only)
+    def roundf(x):
+        x64 = x.astype(np.float64)                       # |x| + 0.5 is exact in f64 for every f32 x
+        return np.copysign(np.floor(np.abs(x64) + 0.5), x64).astype(np.float32)
+    return _unary("round", a, roundf)
+
+
+@op("trunc", covers="UNARY:TRUNC")
+@_doc(_unary_doc("ggml_trunc: round toward zero.", "out = truncf(a)"))
+def trunc(a):
+    return _unary("trunc", a, np.trunc)
+
+
+@op("silu", covers="UNARY:SILU")
+def silu(a):
+    """ggml_silu: sigmoid linear unit (swish), e.g. the FFN gate of llama (n_tokens, n_ff).
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
+    out  a's shape and type
+
+        out = a / (1 + exp(-a))   (f32 steps)
+
+    exp is the true exponential rounded to f32. ggml-cpu's f32 kernel (AVX2) uses a SIMD polynomial exp on
+    8-element chunks and libm expf on the row's tail: results differ from it by about an ulp.
+    """
+    return _unary("silu", a, _silu, ("f32", "f16"))
+
+
+def _silu(x):
+    return x / (f32(1) + _expf(-x))
+
+
+@op("gelu_erf", covers="UNARY:GELU_ERF")
+@_doc(_unary_doc("ggml_gelu_erf: the exact (erf) GELU, e.g. BERT's FFN.",
+                 "out = 0.5 * a * (1 + erff(a * 0.70710678))   (f32 steps, no table)",
+                 _LIBM_NOTE + " For large negative a the f32 formula cancels (relative error ~1e-5 at "
+                 "-4 vs the true GELU), as in ggml.", "f32/f16"))
+def gelu_erf(a):
+    return _unary("gelu_erf", a, _gelu_erf, ("f32", "f16"))
+
+
+_SQRT_2_INV = f32(0.70710678118654752440084436210484)
+_SQRT_2_OVER_PI = f32(0.79788456080286535587989211986876)
+_GELU_COEF_A = f32(0.044715)
+_GELU_QUICK_COEF = f32(-1.702)
+
+
+def _gelu_erf(x):
+    return f32(0.5) * x * (f32(1) + _erff(x * _SQRT_2_INV))
+
+
+@functools.lru_cache(maxsize=None)
+def gelu_table() -> np.ndarray:
+    """ggml-cpu's GELU table: 65536 f16 values, indexed by the f16 bit pattern of the input.
+
+        T[h] = fl16(0.5*x*(1 + tanhf(sqrt(2/pi)*x*(1 + 0.044715*x*x))))   x = f16 value h, f32 steps
+
+    with `0.044715*x*x + 1` one fused multiply-add, as GCC compiles ggml_gelu_f32. Built on first use.
+    """
+    x = f16_to_f32(np.arange(65536, dtype=np.uint16).view(np.float16))
+    with np.errstate(all="ignore"):
+        inner = _SQRT_2_OVER_PI * x * _fma(_GELU_COEF_A * x, x, f32(1))
+        y = f32(0.5) * x * (f32(1) + _libm(np.tanh, inner))
+    return f16_bits(y).view(np.float16)
+
+
+@functools.lru_cache(maxsize=None)
+def gelu_quick_table() -> np.ndarray:
+    """ggml-cpu's GELU_QUICK table: T[h] = fl16(x * (1 / (1 + expf(-1.702*x)))), x the f16 value h, f32 steps."""
+    x = f16_to_f32(np.arange(65536, dtype=np.uint16).view(np.float16))
+    with np.errstate(all="ignore"):
+        y = x * (f32(1) / (f32(1) + _expf(_GELU_QUICK_COEF * x)))
+    return f16_bits(y).view(np.float16)
+
+
+def _lookup(table: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """table[bits of fl16(x)] as f32: the input rounded to f16 (inf beyond its range), the output f16-exact."""
+    return f16_to_f32(table[f16_bits(x)])
+
+
+def _gelu_f32(x):
+    return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x, _lookup(gelu_table(), x)))
+
+
+@op("gelu", covers="UNARY:GELU")
+def gelu(a):
+    """ggml_gelu: the tanh-approximation GELU, as ggml-cpu defines it: through an f16 lookup table.
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
+    out  a's shape and type
+
+        gelu(x) = 0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x**2)))
+        f32 a:  out = 0 if a <= -10, a if a >= 10, else T[fl16(a)]      (T = gelu_table())
+        f16 a:  out = T[a]
+
+    ggml-cpu evaluates GELU only through this 65536-entry table, so the input is rounded to f16 and the
+    output has f16 precision (up to ~4e-3 abs from the formula). refimpl's exact mode uses the same table
+    (bit-exact with ggml-cpu): the formula itself misses ggml-cpu by NMSE 8.8e-8 on uniform [-1, 1] data,
+    nearly ggml's whole 1e-7 test budget.
+    """
+    x, t = _load("gelu", a, ("f32", "f16"))
+    _check_layout("gelu", "rows", a=a)
+    with np.errstate(all="ignore"):
+        y = _gelu_f32(x) if t == "f32" else _lookup(gelu_table(), x)
+    return _store(y, t)
+
+
+@op("gelu_quick", covers="UNARY:GELU_QUICK")
+def gelu_quick(a):
+    """ggml_gelu_quick: x * sigmoid(1.702 x), as ggml-cpu defines it: through an f16 lookup table.
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
+    out  a's shape and type
+
+        out = T[fl16(a)]     T = gelu_quick_table(), T[h] = fl16(x / (1 + expf(-1.702 x)))
+
+    Always through the table (no +-10 passthrough as in gelu): inputs beyond f16's range become +-inf
+    first, so gelu_quick(1e5) = inf and gelu_quick(-1e5) = nan (-inf * 0), exactly as ggml-cpu. The formula
+    without the table misses ggml-cpu by NMSE 1.1e-7 on uniform [-5, 5], above ggml's 1e-7 ceiling.
+    """
+    return _unary("gelu_quick", a, lambda x: _lookup(gelu_quick_table(), x), ("f32", "f16"))
+
+
+@op("xielu", covers="UNARY:XIELU")
+def xielu(a, alpha_n: float, alpha_p: float, beta: float, eps: float):
+    """ggml_xielu: the xIELU activation (Apertus).
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16; rows contiguous, dims 2, 3 packed
+    out  a's shape and type
+
+        an = beta + softplus(alpha_n),  ap = softplus(alpha_p)     (ggml_xielu, f32 steps)
+        out = ap*a*a + beta*a                      if a > 0
+              (expm1f(min(a, eps)) - a)*an + beta*a   otherwise
+
+    Both sums are single-rounding FMAs over the f32 product beta*a, as GCC compiles ggml-cpu's op_xielu.
+    """
+    x, t = _load("xielu", a, FLOAT_TYPES)
+    _check_layout("xielu", "contiguous_1", a=a)
+    with np.errstate(all="ignore"):
+        an = f32(beta) + _softplus(np.float32(alpha_n).reshape(1))[0]
+        ap = _softplus(np.float32(alpha_p).reshape(1))[0]
+        bx = f32(beta) * x
+        pos = _fma(ap * x, x, bx)
+        neg_ = _fma(_libm(np.expm1, np.fmin(x, f32(eps))) - x, an, bx)
+        return _store(np.where(x > 0, pos, neg_), t)
+
+
+@op("leaky_relu")
+def leaky_relu(a, negative_slope: float, inplace: bool = False):
+    """ggml_leaky_relu: relu with a slope for negative inputs.
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16
+    out  a's shape and type
+
+        out = max(a, 0) + negative_slope * min(a, 0)   (f32: nan -> 0)
+
+    `inplace` only makes ggml write into a; refimpl always returns a new array. ggml-cpu reads rows as
+    packed and steps through them by nb1 alone (it assumes ggml_is_contiguous_1 without checking);
+    refimpl computes any layout.
+    """
+    x, t = _load("leaky_relu", a, ("f32", "f16"))
+    with np.errstate(all="ignore"):
+        return _store(np.where(x > 0, x, f32(0)) + f32(negative_slope) * np.where(x < 0, x, f32(0)), t)
+
+
+@op("silu_back")
+def silu_back(a, b):
+    """ggml_silu_back: the gradient of silu, given the output gradient a and silu's input b.
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   dy, f32/f16
+    b    same ne and type                               x
+    out  same ne and type
+
+        s = 1 / (1 + expf(-x)),   out = dy * s * (1 + x*(1 - s))     (f32 steps; the inner sum one FMA)
+
+    Like leaky_relu, ggml-cpu assumes ggml_is_contiguous_1 operands without checking; refimpl takes any layout.
+    """
+    dy, t = _load("silu_back", a, ("f32", "f16"))
+    x, tb = _load("silu_back", b, ("f32", "f16"), "b")
+    if tb != t or ne4(dy.shape) != ne4(x.shape):
+        fail("silu_back", "a and b must have the same shape and type", a=a, b=b)
+    with np.errstate(all="ignore"):
+        s = f32(1) / (f32(1) + _expf(-x))
+        return _store(dy * s * _fma(x, f32(1) - s, f32(1)), t)
+
+
+# -- GLU: act(x) * g, x and g the two halves of a row (or a and b) -----------------------------------------
+
+def _glu(name, a, b, swapped, act, types=("f32", "f16")):
+    """(x, g, type) for a GLU op: x = a, g = b (split), or the two halves of a's rows (swapped: g first)."""
+    x, t = _load(name, a, types)
+    _check_layout(name, "contiguous_1", a=a)
+    if b is not None:
+        g, tb = _load(name, b, types, "b")
+        _check_layout(name, "contiguous_1", b=b)
+        if tb != t or ne4(x.shape) != ne4(g.shape):
+            fail(name, "a and b must have the same shape and type", a=a, b=b)
+        g = g.reshape(x.shape)
+    else:
+        nc = x.shape[-1] // 2
+        x, g = x[..., :nc], x[..., nc:2 * nc]
+        if swapped:
+            x, g = g, x
+    with np.errstate(all="ignore"):
+        return _store(act(x, g, t), t)
+
+
+_GLU_DOC = """{call}
+
+    a    ne [2n, n1, n2, n3]   numpy (n3, n2, n1, 2n)   {types}; rows contiguous, dims 2, 3 packed
+    b    None, or ne [n, n1, n2, n3] like a (then a has n columns: ggml_{name}_split(a, b))
+    out  ne [n, n1, n2, n3]    numpy (n3, n2, n1, n)    a's type
+
+        x, g = a[..., :n], a[..., n:2n]   (swapped: x, g = a[..., n:2n], a[..., :n]; split: x, g = a, b)
+        out = {math}
+
+    An odd last column of a is ignored (n = ne0 // 2). {note}
+"""
+
+
+@op("reglu", covers="GLU:REGLU")
+def reglu(a, b=None, *, swapped: bool = False):
+    return _glu("reglu", a, b, swapped, lambda x, g, t: np.where(x > 0, x * g, f32(0)))
+
+
+@op("geglu", covers="GLU:GEGLU")
+def geglu(a, b=None, *, swapped: bool = False):
+    def act(x, g, t):
+        if t == "f16":
+            return _lookup(gelu_table(), x) * g
+        return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x * g, _lookup(gelu_table(), x) * g))
+    return _glu("geglu", a, b, swapped, act)
+
+
+@op("swiglu", covers="GLU:SWIGLU")
+def swiglu(a, b=None, *, swapped: bool = False):
+    return _glu("swiglu", a, b, swapped, lambda x, g, t: _silu(x) * g)
+
+
+@op("geglu_erf", covers="GLU:GEGLU_ERF")
+def geglu_erf(a, b=None, *, swapped: bool = False):
+    return _glu("geglu_erf", a, b, swapped, lambda x, g, t: _gelu_erf(x) * g)
+
+
+@op("geglu_quick", covers="GLU:GEGLU_QUICK")
+def geglu_quick(a, b=None, *, swapped: bool = False):
+    return _glu("geglu_quick", a, b, swapped, lambda x, g, t: _lookup(gelu_quick_table(), x) * g)
+
+
+@op("swiglu_oai", covers="GLU:SWIGLU_OAI")
+def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: bool = False):
+    def act(x, g, t):
+        xc = np.where(f32(limit) < x, f32(limit), x)                       # std::min(x, limit)
+        gc = np.where(g < f32(-limit), f32(-limit), np.where(f32(limit) < g, f32(limit), g))  # std::clamp
+        return xc / (f32(1) + _expf(f32(alpha) * -xc)) * (gc + f32(1))
+    return _glu("swiglu_oai", a, b, swapped, act, ("f32",))
+
+
+reglu.__doc__ = _GLU_DOC.format(call="ggml_reglu: relu-gated linear unit.", name="reglu", types="f32/f16",
+                                math="x * g if x > 0 else 0", note="")
+geglu.__doc__ = _GLU_DOC.format(
+    call="ggml_geglu: GELU-gated linear unit (e.g. Gemma's FFN), GELU through ggml-cpu's f16 table.",
+    name="geglu", types="f32/f16", math="gelu(x) * g   (f32 x: 0 if x <= -10, x*g if x >= 10, else T[fl16(x)]*g)",
+    note="T = gelu_table(), as in gelu (f16 a: T[x]*g, no +-10 rule).")
+swiglu.__doc__ = _GLU_DOC.format(
+    call="ggml_swiglu: SiLU-gated linear unit, llama's FFN: silu(gate) * up.", name="swiglu", types="f32/f16",
+    math="x / (1 + exp(-x)) * g   (f32 steps)",
+    note="exp is the true exponential; ggml-cpu's f32 kernel uses the AVX2 SIMD exp (about an ulp apart).")
+geglu_erf.__doc__ = _GLU_DOC.format(call="ggml_geglu_erf: erf-GELU-gated linear unit.", name="geglu_erf",
+                                    types="f32/f16", math="0.5 * x * (1 + erff(x * 0.70710678)) * g   (f32 steps)",
+                                    note=_LIBM_NOTE)
+geglu_quick.__doc__ = _GLU_DOC.format(call="ggml_geglu_quick: quick-GELU-gated linear unit.", name="geglu_quick",
+                                      types="f32/f16", math="T[fl16(x)] * g   (T = gelu_quick_table())", note="")
+swiglu_oai.__doc__ = _GLU_DOC.format(
+    call="ggml_swiglu_oai(a, b, alpha, limit): gpt-oss's clamped SwiGLU (defaults: llama.cpp's gpt-oss values).",
+    name="swiglu_oai", types="f32",
+    math="xc / (1 + expf(-alpha*xc)) * (gc + 1),  xc = min(x, limit),  gc = clamp(g, -limit, limit)",
+    note="ggml_swiglu_oai has no swapped form; swapped=True is ggml_glu(a, SWIGLU_OAI, true) with the same "
+         "alpha, limit. " + _LIBM_NOTE)
+for _f in (reglu, geglu, swiglu, geglu_erf, geglu_quick, swiglu_oai):
+    _f.reference.__doc__ = _f.__doc__
+
+
+# -- scale, clamp, fill, tri, arange ---------------------------------------------------------------------
+
+@op("scale")
+def scale(a, s: float, b: float = 0.0):
+    """ggml_scale(a, s) / ggml_scale_bias(a, s, b): multiply by a scalar, optionally add a scalar.
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32, contiguous
+    out  a's shape, f32
+
+        out = a * s           if b == 0
+        out = fma(a, s, b)    otherwise (one rounding: ggml-cpu's vector body and GCC's scalar tail are FMAs)
+    """
+    x, _ = _load("scale", a, ("f32",))
+    _check_layout("scale", "contiguous", a=a)
+    with np.errstate(all="ignore"):
+        return x * f32(s) if f32(b) == 0 else _fma(x, f32(s), f32(b))
+
+
+@op("clamp")
+def clamp(a, min: float, max: float):  # noqa: A002  (ggml's parameter names)
+    """ggml_clamp: limit each element to [min, max].
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
+    out  a's shape and type
+
+        out = MAX(MIN(a, max), min)    with C's MIN(x, y) = x < y ? x : y (so nan -> max, then MAX)
+
+    ggml_clamp exists only in place (the result is a view of a, computing it overwrites a); refimpl returns
+    a new array. ggml-cpu steps through rows by nb1 alone (dims 2, 3 must be packed over dim 1).
+    """
+    x, t = _load("clamp", a, ("f32", "f16"))
+    _check_layout("clamp", "rows", a=a)
+    lo, hi = f32(min), f32(max)
+    m = np.where(x < hi, x, hi)
+    return _store(np.where(m > lo, m, lo), t)
+
+
+@op("fill")
+def fill(a, c: float):
+    """ggml_fill: a tensor of a's shape and type with every element c.
+
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, contiguous (only its shape and type are used)
+    out  a's shape and type, = fl(c)
+    """
+    _, t = _load("fill", a, ("f32", "f16"))
+    _check_layout("fill", "contiguous", a=a)
+    return _store(np.full(np.shape(a), f32(c), np.float32), t)
+
+
+TRI_TYPE_UPPER_DIAG, TRI_TYPE_UPPER, TRI_TYPE_LOWER_DIAG, TRI_TYPE_LOWER = 0, 1, 2, 3   # enum ggml_tri_type
+
+
+@op("tri")
+def tri(a, type: int):  # noqa: A002  (ggml's parameter name)
+    """ggml_tri: keep one triangle of each square matrix, zeros elsewhere.
+
+    a    ne [n, n, n2, n3]     numpy (n3, n2, n, n)     f32, contiguous; row r = i1, column c = i0
+    out  a's shape, f32
+
+        type 0 UPPER_DIAG keeps c >= r (np.triu(a)),   1 UPPER keeps c > r (np.triu(a, 1)),
+             2 LOWER_DIAG keeps c <= r (np.tril(a)),   3 LOWER keeps c < r (np.tril(a, -1))
+    """
+    x, _ = _load("tri", a, ("f32",))
+    _check_layout("tri", "contiguous", a=a)
+    ne = ne4(x.shape)
+    if ne[0] != ne[1]:
+        fail("tri", "a must be square in ne0, ne1", a=a)
+    keep = {0: np.triu, 1: lambda m: np.triu(m, 1), 2: np.tril, 3: lambda m: np.tril(m, -1)}
+    if type not in keep:
+        fail("tri", f"invalid tri type {type}", a=a)
+    mask = keep[type](np.ones((ne[1], ne[0]), bool))
+    return np.where(mask, x.reshape(ne[::-1]), f32(0)).reshape(x.shape)
+
+
+@op("arange")
+def arange(start: float, stop: float, step: float):
+    """ggml_arange: start, start + step, ... below stop, in f32.
+
+    out  ne [n]   numpy (n,)   f32,   n = (int) ceilf((stop - start) / step)   (f32 steps)
+
+        out[i] = fma(step, (float) i, start)    (one rounding, as GCC compiles ggml-cpu's start + step*i)
+
+    ggml asserts stop > start (so step must be positive to get any elements).
+    """
+    start, stop, step = f32(start), f32(stop), f32(step)
+    if not stop > start:
+        fail("arange", f"stop must be > start (start={start}, stop={stop})")
+    with np.errstate(all="ignore"):
+        n = int(np.ceil((stop - start) / step))
+    return _fma(step, np.arange(n, dtype=np.float64).astype(np.float32), start)
