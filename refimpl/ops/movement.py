@@ -152,6 +152,11 @@ def get_rows(a, rows: np.ndarray) -> np.ndarray:
         fail("get_rows", f"ggml-cpu get_rows does not read {_tname(t)} sources", a=a, rows=rows)
     if rows.dtype != np.int32:
         fail("get_rows", f"indices must be i32, got {rows.dtype}", a=a, rows=rows)
+    if not isinstance(a, QTensor) and a.ndim and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+        # ggml-cpu copies each source row as packed elements whatever nb00 says (a transposed source
+        # gives wrong values there, unchecked): refimpl refuses it
+        fail("get_rows", "source rows must be contiguous (nb00 == element size); use np.ascontiguousarray",
+             a=a, rows=rows)
     na, nr = ne4(a.shape), ne4(rows.shape)
     if na[2] != nr[1] or na[3] != nr[2] or nr[3] != 1:
         fail("get_rows", "rows must be ne [n, a.ne2, a.ne3]", a=a, rows=rows)

@@ -161,6 +161,8 @@ def _get_rows_case(a, rows, t):
 def _get_rows(draw):
     t = draw(st.sampled_from(GET_ROWS_TYPES))
     a = draw(tensors(types=[t], max_dims=4))
+    if isinstance(a, np.ndarray) and a.ndim and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+        a = np.ascontiguousarray(a)      # ggml-cpu reads source rows as packed (see get_rows)
     if a.ndim < 2:
         a = a.reshape(1, -1) if not hasattr(a, "traits") else a.reshape(1, a.shape[-1])
     sh = a.shape
