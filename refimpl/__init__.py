@@ -13,8 +13,14 @@ __all__ = ["GGMLType", "QTensor", "quantize", "dequantize", "traits", "type_trai
            "backend", "numerics"] + [n for n in ops.__all__ if n not in ("OPS", "op", "register")]
 
 
+_LAZY = ("gguf", "fetch", "sampling", "tokenizer", "chat", "models", "testing")
+
+
 def __getattr__(name):
-    if name == "gguf":  # imported on first use: `refimpl.gguf.load(...)`
+    if name in _LAZY:   # imported on first use: `refimpl.gguf.load(...)`, `refimpl.sampling.Sampler`
         import importlib
-        return importlib.import_module(".gguf", __name__)
+        return importlib.import_module(f".{name}", __name__)
+    if name == "Sampler":
+        from .sampling import Sampler
+        return Sampler
     raise AttributeError(f"module 'refimpl' has no attribute {name!r}")
