@@ -3,15 +3,23 @@
 One driver for all ops; the cases, tolerances and shapes live in refimpl/testing/cases/ and
 refimpl/testing/tolerances.py. A failing case prints its test-backend-ops style name.
 """
+import os
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 
 from refimpl.testing.cases import named_cases, op_cases, ops_with_cases, ops_with_named
 from refimpl.testing.golden import compare
 
 
+# hypothesis examples per op: every example runs ggml in a forked process, so with ~130 ops the CI
+# profile's 300 would take ~15 minutes; 100 per op (plus the named cases) keeps CI near 10.
+OP_EXAMPLES = int(os.environ.get("REFIMPL_OP_EXAMPLES", "100" if os.environ.get("CI") else "40"))
+
+
 @pytest.mark.parametrize("op", ops_with_cases())
 def test_op_matches_ggml(ggml, op):
+    @settings(max_examples=OP_EXAMPLES)
     @given(case=op_cases(op))
     def check(case):
         compare(case, case.run(), case.run_ggml())
