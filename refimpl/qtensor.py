@@ -181,6 +181,7 @@ def dequantize(qt) -> np.ndarray:
     A plain ndarray is returned as float32 (F16/F32/F64 values converted exactly where possible).
     """
     from .quants import DEQUANTIZERS
+    from .quants._common import CHUNK
     if not isinstance(qt, QTensor):
         return np.asarray(qt, dtype=np.float32)
     tr = traits(qt.type)
@@ -192,4 +193,16 @@ def dequantize(qt) -> np.ndarray:
     if rows == 0 or nb == 0:
         return np.zeros(qt.shape, np.float32)
     blocks = np.ascontiguousarray(qt.data).reshape(rows * nb, tr.type_size)
-    return fn(blocks).reshape(qt.shape)
+    # Blocks are independent: decode CHUNK elements at a time straight into the result, so that the
+    # dequantizer's temporaries stay in cache (a dequantizer fills and returns the `out` slice it is
+    # given; one that returns another array is copied in). inf/NaN scales are part of every format:
+    # no warnings.
+    out = np.empty((rows * nb, tr.blck_size), np.float32)
+    step = max(1, CHUNK // tr.blck_size)
+    with np.errstate(all="ignore"):
+        for i in range(0, len(blocks), step):
+            part = out[i:i + step]
+            got = fn(blocks[i:i + step], out=part)
+            if got is not part:
+                part[...] = got
+    return out.reshape(qt.shape)

@@ -11,12 +11,14 @@ import numpy as np
 
 from ..types import GGMLType
 from . import dequantizer, quantizer
-from ._common import f16_bits, f16_to_f32
+from ._common import blockwise, f16_bits, output
 
 
 @dequantizer(GGMLType.F32)
-def dequantize_f32(blocks):
-    return np.ascontiguousarray(blocks).view("<f4").astype(np.float32)
+def dequantize_f32(blocks, out=None):
+    out = output(blocks, 1, out)
+    out[...] = blocks.view("<f4")
+    return out
 
 
 @quantizer(GGMLType.F32, "ref")
@@ -25,8 +27,14 @@ def quantize_f32(x):
 
 
 @dequantizer(GGMLType.F16)
-def dequantize_f16(blocks):
-    return f16_to_f32(np.ascontiguousarray(blocks).view("<f2"))
+def dequantize_f16(blocks, out=None):
+    """IEEE half -> f32, exact; a signalling NaN comes out quiet (GGML_FP16_TO_FP32 on x86)."""
+    out = output(blocks, 1, out)
+    out[...] = blocks.view("<f2")
+    nan = np.isnan(out)
+    if nan.any():
+        out.view(np.uint32)[nan] |= np.uint32(0x00400000)
+    return out
 
 
 @quantizer(GGMLType.F16, "ref")
@@ -35,18 +43,34 @@ def quantize_f16(x):
 
 
 @dequantizer(GGMLType.BF16)
-def dequantize_bf16(blocks):
-    bits = np.ascontiguousarray(blocks).view("<u2").astype(np.uint32) << 16
-    return bits.view(np.float32)
+def dequantize_bf16(blocks, out=None):
+    """bits << 16."""
+    out = output(blocks, 1, out)
+    bits = out.view(np.uint32)
+    bits[...] = blocks.view("<u2")
+    bits <<= 16
+    return out
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """GGML_FP32_TO_BF16 as '<u2': (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16, NaN -> (bits >> 16) | 0x40.
+
+    The sum is taken in uint32: it can only wrap for NaN bit patterns, which are replaced.
+    """
     bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    quiet = ((bits >> 16) | 0x40).astype(np.uint16)
-    return np.where(np.isnan(x), quiet, rounded).astype("<u2")
+    r = bits >> 16
+    r &= 1
+    r += bits
+    r += 0x7FFF
+    r >>= 16
+    out = r.astype("<u2")
+    nan = np.isnan(x)
+    if nan.any():
+        out[nan] = (bits[nan] >> 16) | 0x40
+    return out
 
 
 @quantizer(GGMLType.BF16, "ref")
+@blockwise
 def quantize_bf16(x):
-    return np.ascontiguousarray(f32_to_bf16_bits(np.asarray(x, np.float32))).view(np.uint8)
+    return f32_to_bf16_bits(np.asarray(x, np.float32)).view(np.uint8)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..types import GGMLType
 from . import dequantizer, quantizer
-from ._common import c_uint8, cvtt_i32, div, mul, split_nibbles
+from ._common import blockwise, c_uint8, cvtt_i32, div, output, pack_nibbles_into, pairwise
 
 f32 = np.float32
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
@@ -53,55 +53,93 @@ def ue4m3_encode(v: np.ndarray) -> np.ndarray:
     return np.where(pos, out, 0).astype(np.uint8)
 
 
+_MAGNITUDES = _KV[:8]                   # 0 1 2 3 4 6 8 12; T[8 + i] = -T[i] (T[8] = 0)
+
+
 def _best_index(x: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """Index i minimising |T[i]*d - x| (first index wins ties, so +0 beats -0). x (n, k), d (n, 1)."""
+    """ggml's best_index_mxfp4: i = 0..15 in order, keep i if |T[i]*d - x| < the best error so far (f32).
+
+    d >= 0. For x >= 0 a negative level's error |T[i]*d| + x is never below level 0's (x): only i < 8
+    can win; for x < 0, by the same argument (and the exact symmetry of the f32 errors) only 0 and
+    8..15 can, and level 0 comes before level 8 (both 0). So the loop runs over the eight magnitudes
+    against |x| and negative x adds 8 to a nonzero index. NaN x: nothing wins, 0. x (n, k), d (n, 1).
+    """
+    ax = np.abs(x)
+    best = ax.copy()                                   # level 0: |0*d - x| = |x|
+    idx = np.zeros(x.shape, np.uint8)
+    err = np.empty_like(ax)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(mul(_KV, d[..., None]) - x[..., None])        # (n, k, 16)
-    err = np.where(np.isnan(err), np.inf, err)
-    return np.argmin(err, axis=-1).astype(np.uint8)
+        for i in range(1, 8):
+            np.subtract(_MAGNITUDES[i] * d, ax, out=err)
+            np.abs(err, out=err)
+            # the index kept is the last i that improved, and i grows: a running max of i * better
+            np.maximum(idx, (err < best).view(np.uint8) * np.uint8(i), out=idx)
+            np.minimum(best, err, out=best)       # = the kept error (NaN only when x is NaN)
+    idx += ((x < 0) & (idx > 0)).view(np.uint8) * np.uint8(8)
+    return idx
 
 
 def _pack(q: np.ndarray, half: int) -> np.ndarray:
+    """(m, 2*half) nibbles -> (m, half) bytes: q[j] | q[j + half] << 4."""
     return q[:, :half] | (q[:, half:] << 4)
 
 
+def _nibble_values(out, qs, half: int):
+    """out (n, 2*half) <- T[nibble] of qs (n, half): low nibbles first, then the high ones."""
+    nib = np.empty(out.shape, np.uint8)
+    np.bitwise_and(qs, 0x0F, out=nib[:, :half])
+    np.right_shift(qs, 4, out=nib[:, half:])
+    np.take(_KV, nib, out=out, mode="clip")             # nib < 16: `clip` only skips the bounds check
+
+
 @dequantizer(GGMLType.MXFP4)
-def dequantize_mxfp4(blocks):
+def dequantize_mxfp4(blocks, out=None):
     """block_mxfp4 (17 B): e u8 (E8M0) | qs[16] split-nibble.   x = T[nib] * E8M0half(e)"""
-    d = e8m0_half(blocks[:, :1])
-    return mul(_KV[split_nibbles(blocks[:, 1:17])], d)
+    out = output(blocks, 32, out)
+    _nibble_values(out, blocks[:, 1:17], 16)
+    out *= e8m0_half(blocks[:, :1])
+    return out
 
 
 @quantizer(GGMLType.MXFP4, "ref")
+@blockwise
 def quantize_mxfp4(x):
     """e = amax > 0 ? (uint8)(floor(log2f(amax)) - 2 + 127) : 0; nibble = nearest T[i]*d to x."""
-    amax = np.fmax.reduce(np.abs(x), axis=1, keepdims=True, initial=f32(0))
+    amax = np.fmax(pairwise(np.fmax, np.abs(x)), f32(0))       # MAX from 0, NaN skipped
     with np.errstate(divide="ignore"):
         # log2f correctly rounded to f32 (glibc's log2f is), then floor: the float just below 2^k
         # rounds up to k for larger k, exactly as in C.
         lg = np.log2(amax.astype(np.float64)).astype(np.float32)
     e = np.where(amax > 0, c_uint8(np.floor(lg) - f32(2) + f32(127)), 0).astype(np.uint8)
     q = _best_index(x, e8m0_half(e))
-    return np.concatenate([e, _pack(q, 16)], axis=1)
+    out = np.empty((len(x), 17), np.uint8)
+    out[:, :1] = e
+    pack_nibbles_into(out[:, 1:17], q)
+    return out
 
 
 @dequantizer(GGMLType.NVFP4)
-def dequantize_nvfp4(blocks):
+def dequantize_nvfp4(blocks, out=None):
     """block_nvfp4 (36 B, 64 elements): d[4] UE4M3 | qs[32]. Sub-block s (16 elements) uses d[s] and
     qs[8s..8s+7], split-nibble within the 16 (low -> j, high -> j+8).  x = T[nib] * UE4M3half(d[s])"""
+    out = output(blocks, 64, out)
     n = blocks.shape[0]
-    d = ue4m3_half(blocks[:, :4]).reshape(n, 4, 1)
-    qs = blocks[:, 4:36].reshape(n, 4, 8)
-    nib = np.concatenate([qs & 0x0F, qs >> 4], axis=2)             # (n, 4, 16)
-    return mul(_KV[nib], d).reshape(n, 64)
+    sub = out.reshape(n * 4, 16)
+    _nibble_values(sub, blocks[:, 4:36].reshape(n * 4, 8), 8)
+    sub *= ue4m3_half(blocks[:, :4]).reshape(n * 4, 1)
+    return out
 
 
 @quantizer(GGMLType.NVFP4, "ref")
+@blockwise
 def quantize_nvfp4(x):
     """Per 16-element sub-block: d = UE4M3(amax / 6); nibbles nearest to x with the decoded half scale."""
     n = x.shape[0]
     xs = x.reshape(n * 4, 16)
-    amax = np.fmax.reduce(np.abs(xs), axis=1, keepdims=True, initial=f32(0))
+    amax = np.fmax(pairwise(np.fmax, np.abs(xs)), f32(0))
     ue = ue4m3_encode(div(amax, f32(6.0)))
     q = _best_index(xs, ue4m3_half(ue))
-    return np.concatenate([ue.reshape(n, 4), _pack(q, 8).reshape(n, 32)], axis=1)
+    out = np.empty((n, 36), np.uint8)
+    out[:, :4] = ue.reshape(n, 4)
+    out[:, 4:36] = _pack(q, 8).reshape(n, 32)
+    return out

@@ -13,7 +13,7 @@ ggml, see that module), named below as in ggml-common.h:
 A 256-element super-block is 8 groups of 32 (index g), each 4 sub-groups of 8 (index l); element
 `32g + 8l + j`. All f16 fields little-endian; `d` is widened to f32 exactly, and every product is
 evaluated in f32 in ggml's order, e.g. `db = (d * (0.5 + s)) * 0.25`, then `db * mag`, then the sign
-applied as a sign flip (see `_signed`) -- so output bits, NaN and -0 included, are ggml's.
+applied as a sign flip (see `_flip`) -- so output bits, NaN and -0 included, are ggml's.
 """
 from __future__ import annotations
 
@@ -23,29 +23,46 @@ import numpy as np
 
 from ..types import GGMLType
 from . import dequantizer, quantizer
-from ._common import f16_bytes, f16_field, split_nibbles, u16_fields, u32_fields
+from ._common import blockwise, f16_bytes, f16_field, output, seq_sum, signed_absmax, u16_fields, u32_fields
+from ._common import nearest_int as _nearest_int
 from .iq_tables import TABLES
 
 f32 = np.float32
 _L = np.arange(4)                       # sub-group index l
 _BIT8 = (1 << np.arange(8)).astype(np.uint8)
+# sign mask byte -> the f32 sign bit of each of its 8 elements (bit j set: element j negated)
+_SIGN_BITS = np.where(np.arange(256)[:, None] & _BIT8, 0x80000000, 0).astype(np.uint32)     # (256, 8)
 
 
-def _signed(v: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """v (..., 8) with element j negated where bit j of the sign byte mask (...) is set.
+@functools.lru_cache(maxsize=None)
+def _table(name: str) -> np.ndarray:
+    """TABLES[name] as f32 (values exact); `"ksigns_bits"`: the sign bits of each ksigns mask (128, 8)."""
+    if name == "ksigns_bits":
+        return _SIGN_BITS[TABLES["ksigns"]]
+    return TABLES[name].astype(f32)
+
+
+def _grid(dst: np.ndarray, name: str, idx: np.ndarray) -> None:
+    """dst (..., k) f32 <- the codebook rows table[idx] (idx (...), every value a valid row)."""
+    np.take(_table(name), idx, axis=0, out=dst, mode="clip")
+
+
+def _flip(v: np.ndarray, masks: np.ndarray, table: np.ndarray = _SIGN_BITS) -> None:
+    """Negate v (..., 8) f32 in place where bit j of the sign mask (...) is set (table: mask -> bits).
 
     ggml writes `v * (bit ? -1.f : 1.f)`, which its compiler turns into a sign flip: a NaN v comes out
-    with its sign bit flipped too (a real f32 multiply by -1 would return the NaN unchanged on x86).
+    with its sign bit flipped too (a real f32 multiply by -1 would return the NaN unchanged on x86), so
+    the flip is an XOR of the sign bit.
     """
-    return np.where((mask[..., None] & _BIT8) != 0, -v, v)
+    v.view(np.uint32)[...] ^= np.take(table, masks, axis=0, mode="clip")
 
 
 def _quiet(fn):
     """Run fn with NumPy's floating-point warnings off: inf/NaN scales are part of the format."""
     @functools.wraps(fn)
-    def wrapped(*args):
+    def wrapped(*args, **kw):
         with np.errstate(all="ignore"):
-            return fn(*args)
+            return fn(*args, **kw)
     return wrapped
 
 
@@ -54,49 +71,58 @@ def _half_scale(d: np.ndarray, nib: np.ndarray, half: float) -> np.ndarray:
     return (d * (f32(0.5) + nib.astype(f32))) * f32(half)
 
 
+def _nibble_scales(sc: np.ndarray) -> np.ndarray:
+    """scales (n, 8) bytes -> (n, 8, 4) nibbles: sub-groups 0, 1 of group g take the low nibble of
+    scales[g], sub-groups 2, 3 the high one."""
+    nib = np.empty(sc.shape + (4,), np.uint8)
+    nib[..., 0:2] = (sc & 15)[..., None]
+    nib[..., 2:4] = (sc >> 4)[..., None]
+    return nib
+
+
 # -- dequantizers ---------------------------------------------------------------------------------
 
 @dequantizer(GGMLType.IQ2_XXS)
 @_quiet
-def dequantize_iq2_xxs(blocks):
+def dequantize_iq2_xxs(blocks, out=None):
     """IQ2_XXS (256 elements, 66 B): `d` f16 | `qs` 32 x u16.
 
     Group g reads the u32 pair (a0, a1) at qs[4g..4g+3]: byte l of a0 indexes grid2xxs for sub-group
     l, sign mask ksigns[(a1 >> 7l) & 127], scale db = d * (0.5 + (a1 >> 28)) * 0.25;
         x[32g + 8l + j] = db * grid2xxs[a0 byte l][j] * (mask bit j ? -1 : 1)
     """
+    out = output(blocks, 256, out)
     n = blocks.shape[0]
-    d = f16_field(blocks, 0)[:, :, None, None]
-    a1 = u32_fields(blocks, 2, 16).reshape(n, 8, 2)[:, :, 1]
-    idx = blocks[:, 2:66].reshape(n, 8, 8)[:, :, 0:4]
-    db = _half_scale(d, (a1 >> 28)[:, :, None, None], 0.25)
-    mag = TABLES["iq2xxs"][idx].astype(f32)
-    signs = TABLES["ksigns"][(a1[:, :, None] >> (7 * _L).astype(np.uint32)) & 127]
-    return _signed(db * mag, signs).reshape(n, 256)
+    v = out.reshape(n, 8, 4, 8)
+    a1 = u32_fields(blocks, 2, 16)[:, 1::2]                                  # (n, 8)
+    _grid(v, "iq2xxs", blocks[:, 2:66].reshape(n, 8, 8)[:, :, 0:4])
+    v *= _half_scale(f16_field(blocks, 0), a1 >> 28, 0.25)[:, :, None, None]
+    _flip(v, (a1[:, :, None] >> (7 * _L).astype(np.uint32)) & 127, _table("ksigns_bits"))
+    return out
 
 
 @dequantizer(GGMLType.IQ2_XS)
 @_quiet
-def dequantize_iq2_xs(blocks):
+def dequantize_iq2_xs(blocks, out=None):
     """IQ2_XS (256 elements, 74 B): `d` f16 | `qs` 32 x u16 | `scales` 8 bytes.
 
     Sub-group (g, l) reads w = qs[4g + l]: grid2xs[w & 511], sign mask ksigns[w >> 9]; scale
     db = d * (0.5 + nibble) * 0.25 with the low nibble of scales[g] for l = 0, 1, the high one for l = 2, 3;
         x[32g + 8l + j] = db * grid2xs[w & 511][j] * (mask bit j ? -1 : 1)
     """
+    out = output(blocks, 256, out)
     n = blocks.shape[0]
-    d = f16_field(blocks, 0)[:, :, None, None]
+    v = out.reshape(n, 8, 4, 8)
     w = u16_fields(blocks, 2, 32).reshape(n, 8, 4)
-    sc = blocks[:, 66:74]
-    nib = np.stack([sc & 15, sc >> 4], axis=-1)[:, :, [0, 0, 1, 1]]
-    db = _half_scale(d, nib[..., None], 0.25)
-    mag = TABLES["iq2xs"][w & 511].astype(f32)
-    return _signed(db * mag, TABLES["ksigns"][w >> 9]).reshape(n, 256)
+    _grid(v, "iq2xs", w & 511)
+    v *= _half_scale(f16_field(blocks, 0)[:, :, None], _nibble_scales(blocks[:, 66:74]), 0.25)[..., None]
+    _flip(v, w >> 9, _table("ksigns_bits"))
+    return out
 
 
 @dequantizer(GGMLType.IQ2_S)
 @_quiet
-def dequantize_iq2_s(blocks):
+def dequantize_iq2_s(blocks, out=None):
     """IQ2_S (256 elements, 82 B): `d` f16 | `qs` 64 bytes | `qh` 8 | `scales` 8.
 
     qs[0:32] hold the low 8 bits of the grid indices, qs[32:64] explicit sign masks (no parity table).
@@ -104,22 +130,19 @@ def dequantize_iq2_s(blocks):
     qs[32 + 4g + l]; scales as IQ2_XS;
         x[32g + 8l + j] = db * grid2s[index][j] * (mask bit j ? -1 : 1)
     """
+    out = output(blocks, 256, out)
     n = blocks.shape[0]
-    d = f16_field(blocks, 0)[:, :, None, None]
-    lo = blocks[:, 2:34].reshape(n, 8, 4).astype(np.int32)
-    signs = blocks[:, 34:66].reshape(n, 8, 4)
+    v = out.reshape(n, 8, 4, 8)
     qh = blocks[:, 66:74].astype(np.int32)[:, :, None]
-    idx = lo | ((qh << (8 - 2 * _L)) & 0x300)
-    sc = blocks[:, 74:82]
-    nib = np.stack([sc & 15, sc >> 4], axis=-1)[:, :, [0, 0, 1, 1]]
-    db = _half_scale(d, nib[..., None], 0.25)
-    mag = TABLES["iq2s"][idx].astype(f32)
-    return _signed(db * mag, signs).reshape(n, 256)
+    _grid(v, "iq2s", blocks[:, 2:34].reshape(n, 8, 4) | ((qh << (8 - 2 * _L)) & 0x300))
+    v *= _half_scale(f16_field(blocks, 0)[:, :, None], _nibble_scales(blocks[:, 74:82]), 0.25)[..., None]
+    _flip(v, blocks[:, 34:66].reshape(n, 8, 4))
+    return out
 
 
 @dequantizer(GGMLType.IQ3_XXS)
 @_quiet
-def dequantize_iq3_xxs(blocks):
+def dequantize_iq3_xxs(blocks, out=None):
     """IQ3_XXS (256 elements, 98 B): `d` f16 | `qs` 96 bytes.
 
     qs[0:64] are grid3xxs indices, qs[64:96] eight u32 words w_g. Group g: db = d * (0.5 + (w_g >> 28)) * 0.5;
@@ -127,18 +150,19 @@ def dequantize_iq3_xxs(blocks):
     4..7 from grid3xxs[qs[8g + 2l + 1]];
         x[32g + 8l + j] = db * mag_j * (mask bit j ? -1 : 1)
     """
+    out = output(blocks, 256, out)
     n = blocks.shape[0]
-    d = f16_field(blocks, 0)[:, :, None, None]
+    v = out.reshape(n, 8, 4, 8)
     w = u32_fields(blocks, 66, 8)
-    db = _half_scale(d, (w >> 28)[:, :, None, None], 0.5)
-    mag = TABLES["iq3xxs"][blocks[:, 2:66].reshape(n, 8, 4, 2)].reshape(n, 8, 4, 8).astype(f32)
-    signs = TABLES["ksigns"][(w[:, :, None] >> (7 * _L).astype(np.uint32)) & 127]
-    return _signed(db * mag, signs).reshape(n, 256)
+    _grid(out.reshape(n, 8, 4, 2, 4), "iq3xxs", blocks[:, 2:66].reshape(n, 8, 4, 2))
+    v *= _half_scale(f16_field(blocks, 0), w >> 28, 0.5)[:, :, None, None]
+    _flip(v, (w[:, :, None] >> (7 * _L).astype(np.uint32)) & 127, _table("ksigns_bits"))
+    return out
 
 
 @dequantizer(GGMLType.IQ3_S)
 @_quiet
-def dequantize_iq3_s(blocks):
+def dequantize_iq3_s(blocks, out=None):
     """IQ3_S (256 elements, 110 B): `d` f16 | `qs` 64 | `qh` 8 | `signs` 32 | `scales` 4.
 
     Group g: db = d * (1 + 2 * nibble), the low nibble of scales[g // 2] for even g, the high one for
@@ -146,41 +170,51 @@ def dequantize_iq3_s(blocks):
     4..7 from grid3s[qs[8g + 2l + 1] | ((qh[g] << (7 - 2l)) & 256)]; sign mask signs[4g + l] (raw bits);
         x[32g + 8l + j] = db * mag_j * (mask bit j ? -1 : 1)
     """
+    out = output(blocks, 256, out)
     n = blocks.shape[0]
-    d = f16_field(blocks, 0)[:, :, None, None]
+    v = out.reshape(n, 8, 4, 8)
     qs = blocks[:, 2:66].reshape(n, 8, 4, 2).astype(np.int32)
     qh = blocks[:, 66:74].astype(np.int32)[:, :, None]
-    idx = qs | np.stack([(qh << (8 - 2 * _L)) & 256, (qh << (7 - 2 * _L)) & 256], axis=-1)
+    qs[..., 0] |= (qh << (8 - 2 * _L)) & 256
+    qs[..., 1] |= (qh << (7 - 2 * _L)) & 256
+    _grid(out.reshape(n, 8, 4, 2, 4), "iq3s", qs)
     sc = blocks[:, 106:110]
     nib = np.stack([sc & 15, sc >> 4], axis=-1).reshape(n, 8)
-    db = d * (1 + 2 * nib.astype(np.int32)).astype(f32)[:, :, None, None]
-    mag = TABLES["iq3s"][idx].reshape(n, 8, 4, 8).astype(f32)
-    signs = blocks[:, 74:106].reshape(n, 8, 4)
-    return _signed(db * mag, signs).reshape(n, 256)
+    v *= (f16_field(blocks, 0) * (1 + 2 * nib.astype(np.int32)).astype(f32))[:, :, None, None]
+    _flip(v, blocks[:, 74:106].reshape(n, 8, 4))
+    return out
+
+
+# iq1s_grid + delta for both deltas: rows 0..2047 hold grid + 0.125, rows 2048.. grid - 0.125 (exact)
+@functools.lru_cache(maxsize=None)
+def _iq1_table() -> np.ndarray:
+    g = TABLES["iq1s"].astype(f32)
+    return np.concatenate([g + f32(0.125), g - f32(0.125)])
 
 
 @dequantizer(GGMLType.IQ1_S)
 @_quiet
-def dequantize_iq1_s(blocks):
+def dequantize_iq1_s(blocks, out=None):
     """IQ1_S (256 elements, 50 B): `d` f16 | `qs` 32 bytes | `qh` 8 x u16.
 
     Group g: dl = d * (2 * ((qh[g] >> 12) & 7) + 1), delta = -0.125 if qh[g] bit 15 else +0.125;
     sub-group l: 11-bit index qs[4g + l] | (((qh[g] >> 3l) & 7) << 8) into grid1s;
         x[32g + 8l + j] = dl * (grid1s[index][j] + delta)
     """
+    out = output(blocks, 256, out)
     n = blocks.shape[0]
-    d = f16_field(blocks, 0)
     qh = u16_fields(blocks, 34, 8).astype(np.int32)
-    dl = (d * (2 * ((qh >> 12) & 7) + 1).astype(f32))[:, :, None, None]
-    delta = np.where(qh & 0x8000, f32(-0.125), f32(0.125))[:, :, None, None]
     idx = blocks[:, 2:34].reshape(n, 8, 4).astype(np.int32) | (((qh[:, :, None] >> (3 * _L)) & 7) << 8)
-    g = TABLES["iq1s"][idx].astype(f32)
-    return (dl * (g + delta)).reshape(n, 256)
+    idx |= (qh[:, :, None] >> 15) << 11                                    # the delta's sign: table half
+    v = out.reshape(n, 8, 4, 8)
+    np.take(_iq1_table(), idx, axis=0, out=v, mode="clip")
+    v *= (f16_field(blocks, 0) * (2 * ((qh >> 12) & 7) + 1).astype(f32))[:, :, None, None]
+    return out
 
 
 @dequantizer(GGMLType.IQ1_M)
 @_quiet
-def dequantize_iq1_m(blocks):
+def dequantize_iq1_m(blocks, out=None):
     """IQ1_M (256 elements, 56 B): `qs` 32 bytes | `qh` 16 | `scales` 8 (four u16 s0..s3), no `d` field.
 
     The f16 super-scale d has bits (s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000).
@@ -191,52 +225,66 @@ def dequantize_iq1_m(blocks):
     qh[2g + l//2] is set, else +0.125;
         x[32g + 8l + j] = dl * (grid1s[index][j] + delta)
     """
+    out = output(blocks, 256, out)
     n = blocks.shape[0]
     s = u16_fields(blocks, 48, 4).astype(np.int32)
     bits = ((s[:, 0] >> 12) | ((s[:, 1] >> 8) & 0x00F0) | ((s[:, 2] >> 4) & 0x0F00) | (s[:, 3] & 0xF000))
     d = bits.astype("<u2").view("<f2").astype(f32)[:, None]
     sg = s[:, np.arange(8) // 2]                                  # (n, 8): s[g // 2]
     sh = 6 * (np.arange(8) % 2)
-    dl1 = d * (2 * ((sg >> sh) & 7) + 1).astype(f32)
-    dl2 = d * (2 * ((sg >> (sh + 3)) & 7) + 1).astype(f32)
-    dl = np.stack([dl1, dl1, dl2, dl2], axis=-1)[..., None]       # (n, 8, 4, 1)
+    dl = np.empty((n, 8, 4), f32)
+    dl[..., 0:2] = (d * (2 * ((sg >> sh) & 7) + 1).astype(f32))[..., None]
+    dl[..., 2:4] = (d * (2 * ((sg >> (sh + 3)) & 7) + 1).astype(f32))[..., None]
     qs = blocks[:, 0:32].reshape(n, 8, 4).astype(np.int32)
     qh = blocks[:, 32:48].reshape(n, 8, 2).astype(np.int32)[:, :, [0, 0, 1, 1]]
     idx = qs | ((qh << np.array([8, 4, 8, 4])) & 0x700)
-    delta = np.where(qh & np.array([0x08, 0x80, 0x08, 0x80]), f32(-0.125), f32(0.125))[..., None]
-    g = TABLES["iq1s"][idx].astype(f32)
-    return (dl * (g + delta)).reshape(n, 256)
+    idx |= ((qh & np.array([0x08, 0x80, 0x08, 0x80])) != 0) << 11      # the delta's sign: table half
+    v = out.reshape(n, 8, 4, 8)
+    np.take(_iq1_table(), idx, axis=0, out=v, mode="clip")
+    v *= dl[..., None]
+    return out
+
+
+def _iq4_values(out, qs):
+    """out (m, 32) f32 <- K[nibble] of the split-nibble bytes qs (m, 16)."""
+    nib = np.empty(out.shape, np.uint8)
+    np.bitwise_and(qs, 0x0F, out=nib[:, :16])
+    np.right_shift(qs, 4, out=nib[:, 16:])
+    np.take(_table("kvalues_iq4nl"), nib, out=out, mode="clip")
 
 
 @dequantizer(GGMLType.IQ4_NL)
 @_quiet
-def dequantize_iq4_nl(blocks):
+def dequantize_iq4_nl(blocks, out=None):
     """IQ4_NL (32 elements, 18 B): `d` f16 | `qs` 16 bytes, split nibbles.
 
         x[j] = d * K[qs[j] & 15],  x[j + 16] = d * K[qs[j] >> 4]   (j = 0..15)
     """
-    d = f16_field(blocks, 0)
-    return d * TABLES["kvalues_iq4nl"][split_nibbles(blocks[:, 2:18])].astype(f32)
+    out = output(blocks, 32, out)
+    _iq4_values(out, blocks[:, 2:18])
+    out *= f16_field(blocks, 0)
+    return out
 
 
 @dequantizer(GGMLType.IQ4_XS)
 @_quiet
-def dequantize_iq4_xs(blocks):
+def dequantize_iq4_xs(blocks, out=None):
     """IQ4_XS (256 elements, 136 B): `d` f16 | `scales_h` u16 | `scales_l` 4 bytes | `qs` 128 bytes.
 
     Sub-block ib (32 elements): 6-bit ls = ((scales_l[ib/2] >> 4(ib%2)) & 15) | (((scales_h >> 2ib) & 3) << 4),
     dl = d * (ls - 32); bytes qs[16ib .. 16ib+15] split-nibble as IQ4_NL;
         x[32ib + j] = dl * K[nibble j]
     """
+    out = output(blocks, 256, out)
     n = blocks.shape[0]
-    d = f16_field(blocks, 0)
     sh = u16_fields(blocks, 2, 1).astype(np.int32)                # (n, 1)
     sl = blocks[:, 4:8].astype(np.int32)
     ib = np.arange(8)
     ls = ((sl[:, ib // 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
-    dl = (d * (ls - 32).astype(f32))[:, :, None]
-    q = split_nibbles(blocks[:, 8:136].reshape(n * 8, 16)).reshape(n, 8, 32)
-    return (dl * TABLES["kvalues_iq4nl"][q].astype(f32)).reshape(n, 256)
+    _iq4_values(out.reshape(n * 8, 32), blocks[:, 8:136].reshape(n * 8, 16))
+    sub = out.reshape(n, 8, 32)
+    sub *= (f16_field(blocks, 0) * (ls - 32).astype(f32))[:, :, None]
+    return out
 
 
 # -- IQ4 quantizers -------------------------------------------------------------------------------
@@ -256,76 +304,94 @@ def _kf() -> np.ndarray:
     return TABLES["kvalues_iq4nl"].astype(f32)
 
 
+@functools.lru_cache(maxsize=None)
+def _best_index_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every integer c in -128..127 (index c + 128): mu = clip(#{i: K[i] <= c}, 1, 15), K[mu-1], K[mu]."""
+    k = _kf()
+    mu = np.clip(np.searchsorted(k, np.arange(-128, 128, dtype=f32), side="right"), 1, 15).astype(np.uint8)
+    return mu, k[mu - 1], k[mu]
+
+
 def best_index(x: np.ndarray) -> np.ndarray:
-    """ggml's best_index_int8(16, K, x): the index of the level nearest x, as int64.
+    """ggml's best_index_int8(16, K, x): the index of the level nearest x, as uint8.
 
     x <= K[0] -> 0, x >= K[15] -> 15; otherwise the binary search finds mu with K[mu-1] <= x < K[mu]
     and returns mu - 1 if x - K[mu-1] < K[mu] - x (f32), else mu (ties go up). NaN -> 15, as in ggml
     (every comparison is false, so the search runs to the top).
+
+    The levels are integers, so K[i] <= x exactly when K[i] <= floor(x): mu comes from a table over
+    floor(x) clamped to -128..127 (fmin/fmax send NaN to 127, i.e. mu = 15). The final comparison is
+    ggml's, and it also yields the two early returns (x <= K[0]: x - K[0] <= 0 < K[1] - x; x >= K[15]:
+    x - K[14] > 0 >= K[15] - x).
     """
-    k = _kf()
+    mu_t, lo_t, hi_t = _best_index_tables()
     x = np.asarray(x, f32)
-    mu = np.clip(np.searchsorted(k, x, side="right"), 1, 15)    # NaN sorts last -> 15
-    r = np.where(x - k[mu - 1] < k[mu] - x, mu - 1, mu)
-    r = np.where(x >= k[15], 15, r)
-    return np.where(x <= k[0], 0, r)
-
-
-def _nearest_int(v: np.ndarray) -> np.ndarray:
-    """ggml's nearest_int: the bits of f32(v + 12582912) (round half to even for |v| < 2^22)."""
-    i = (np.asarray(v, f32) + f32(12582912.0)).astype(f32).view(np.int32)
-    return (i & 0x007FFFFF) - 0x00400000
+    c = np.floor(x)
+    np.fmin(c, f32(127), out=c)
+    np.fmax(c, f32(-128), out=c)
+    c += f32(128)
+    i = c.astype(np.uint8)
+    with np.errstate(invalid="ignore"):
+        lower = (x - np.take(lo_t, i)) < (np.take(hi_t, i) - x)
+    r = np.take(mu_t, i)
+    r -= lower.view(np.uint8)
+    return r
 
 
 def _argmax_abs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(amax, max) over the last axis as ggml's scan `if (fabsf(v) > amax) {amax = fabsf(v); max = v;}`
-    from amax = max = 0: the first index of the largest |v|; NaN is never taken; all-zero -> (0, 0)."""
-    a = np.abs(x)
-    a = np.where(np.isnan(a), f32(0.0), a)
-    i = np.argmax(a, axis=-1)[..., None]
-    amax = np.take_along_axis(a, i, axis=-1)[..., 0]
-    mx = np.where(amax > 0, np.take_along_axis(x, i, axis=-1)[..., 0], f32(0.0))
-    return amax, mx
+    """(amax, max) over the last axis of x (m, k) as ggml's scan `if (fabsf(v) > amax) {amax = fabsf(v);
+    max = v;}` from amax = max = 0: the first index of the largest |v|; NaN is never taken; all-zero ->
+    (0, 0). (`signed_absmax` without keepdims.)"""
+    amax, mx = signed_absmax(x)
+    return amax[:, 0], mx[:, 0]
+
+
+def _nearest_level(x: np.ndarray) -> np.ndarray:
+    """K[best_index(x)] as f32, from the same tables and comparison as `best_index`."""
+    _, lo_t, hi_t = _best_index_tables()
+    c = np.floor(x)
+    np.fmin(c, f32(127), out=c)
+    np.fmax(c, f32(-128), out=c)
+    c += f32(128)
+    i = c.astype(np.uint8)
+    lo, hi = np.take(lo_t, i), np.take(hi_t, i)
+    with np.errstate(invalid="ignore"):
+        return np.where((x - lo) < (hi - x), lo, hi)
 
 
 def _sums(w: np.ndarray, x: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Σ w*q*x and Σ w*q*q over the last axis, f32, sequential in j (ggml's loop)."""
+    """Σ w*q*x and Σ w*q*q over axis 0 (the elements of a block, laid out transposed), f32,
+    sequential in j (ggml's loop)."""
     wq = w * q
-    a, b = wq * x, wq * q
-    sqx = np.zeros(a.shape[:-1], f32)
-    sq2 = np.zeros(a.shape[:-1], f32)
-    for j in range(a.shape[-1]):
-        sqx = sqx + a[..., j]
-        sq2 = sq2 + b[..., j]
-    return sqx, sq2
+    return seq_sum(np.stack([wq * x, wq * q], axis=1), axis=0, keepdims=False)
 
 
 def _iq4_scales(x: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The per-(sub-)block search of quantize_row_iq4_nl_impl: x (m, 32) f32 ->
-    (scale (m,) f32, 0 for skipped blocks; L (m, 32) of the first pass; skipped (m,) bool)."""
+    (scale (m,) f32, 0 for skipped blocks; L (m, 32) of the first pass; skipped (m,) bool).
+
+    The elementwise work is laid out transposed, (32, m), so that each of ggml's sequential sums
+    adds contiguous slabs; the tries run one after the other, as in C."""
     k = _kf()
     x = np.asarray(x, f32)
+    xt = np.ascontiguousarray(x.T)
     with np.errstate(all="ignore"):
-        w = x * x
+        w = xt * xt
         amax, mx = _argmax_abs(x)
         skip = amax < _EPS
         d = (-mx if ntry > 0 else mx) / k[0]
         idv = f32(1.0) / d
-        L = best_index(idv[:, None] * x)
-        sqx, sq2 = _sums(w, x, k[L])
+        L = best_index(idv * xt)
+        sqx, sq2 = _sums(w, xt, np.take(k, L))
         d = np.where(sq2 > 0, sqx / sq2, f32(0.0)).astype(f32)
         best = d * sqx
-        if ntry > 0:
-            ts = np.arange(-ntry, ntry + 1)
-            ids = (ts + k[0]).astype(f32)[:, None] / mx[None, :]            # (tries, m)
-            tq = k[best_index(ids[:, :, None] * x[None])]
-            tqx, tq2 = _sums(w[None], x[None], tq)
-            for t in range(len(ts)):
-                better = (tq2[t] > 0) & (tqx[t] * tqx[t] > best * tq2[t])
-                d = np.where(better, tqx[t] / tq2[t], d).astype(f32)
-                best = np.where(better, d * tqx[t], best).astype(f32)
+        for t in range(-ntry, ntry + 1) if ntry > 0 else ():
+            tqx, tq2 = _sums(w, xt, _nearest_level((f32(t) + k[0]) / mx * xt))
+            better = (tq2 > 0) & (tqx * tqx > best * tq2)
+            d = np.where(better, tqx / tq2, d).astype(f32)
+            best = np.where(better, d * tqx, best).astype(f32)
         scale = np.where(skip, f32(0.0), d).astype(f32)
-    return scale, L, skip
+    return scale, L.T, skip
 
 
 def _recip0(v: np.ndarray) -> np.ndarray:
@@ -362,6 +428,7 @@ def quantize_iq4_nl_ref(x):
 
 
 @quantizer(GGMLType.IQ4_NL, "chunk")
+@blockwise
 def quantize_iq4_nl_chunk(x):
     """quantize_iq4_nl (ggml_quantize_chunk, no imatrix): the search above with ntry = 7.
 
@@ -376,6 +443,7 @@ def quantize_iq4_nl_chunk(x):
 
 
 @quantizer(GGMLType.IQ4_XS, "chunk", "ref", "cpu")
+@blockwise
 def quantize_iq4_xs(x):
     """quantize_iq4_xs (ggml_quantize_chunk; quantize_row_iq4_xs_ref and the CPU from_float call it too).
 

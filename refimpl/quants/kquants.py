@@ -13,9 +13,11 @@ registered for "ref" and "cpu" only.
 The scale searches (ggml's `make_qkx2_quants`, `make_qx_quants`, `make_q3_quants`) are written
 once each, vectorised over all sub-blocks of all blocks; their steps (candidate scales, sweeps) run
 one after the other, as in C, since a step may start from what the previous one adopted. Everything
-is f32, one NumPy operation per C operation; sums are sequential (`_sum`), and `_nearest_int` is
-ggml's `nearest_int` bit for bit, including what it returns for inf/NaN/huge arguments, which the
-searches do meet on subnormal and f16-overflowing blocks.
+is f32, one NumPy operation per C operation; sums are sequential (`_sum`), and `_nearest_int`
+(`_common.nearest_int`) is ggml's `nearest_int` bit for bit, including what it returns for
+inf/NaN/huge arguments, which the searches do meet on subnormal and f16-overflowing blocks. The
+searches lay their per-element work out transposed, (elements, sub-blocks), so that the sequential
+sums add contiguous slabs.
 """
 from __future__ import annotations
 
@@ -23,48 +25,28 @@ import numpy as np
 
 from ..types import GGMLType
 from . import dequantizer, quantizer
-from ._common import f16_bytes, f16_field, f32
+from ._common import (LOW_NIBBLES, blockwise, f16_bytes, f16_field, f32, output, seq_sum, signed_absmax,
+                      unpack_fields)
+from ._common import nearest_int as _nearest_int
 from ._common import fl16 as _common_fl16
 
 QK_K = 256
 GROUP_MAX_EPS = f32(1e-15)
-_CHUNK = 128          # blocks per step of a quantizer: bounds the memory of the candidate arrays
 
 
 # -- primitives --------------------------------------------------------------------------------------
 
-def _nearest_int(v) -> np.ndarray:
-    """ggml's `nearest_int`: add 1.5*2^23 in f32, keep the low 23 bits, subtract 2^22. int32.
-
-    Round half to even for |v| < 2^22 (= np.rint); beyond that the C trick wraps, ±inf gives -2^22 and
-    ggml's default NaN gives 0, and so does this.
-    """
-    with np.errstate(invalid="ignore", over="ignore"):
-        t = np.asarray(np.asarray(v, np.float32) + f32(12582912.0), np.float32)
-    return (t.view(np.int32) & 0x007FFFFF) - 0x00400000
-
-
 def _sum(terms: np.ndarray) -> np.ndarray:
     """Σ over the last axis in f32, sequentially from +0 in index order (a C `for` loop), no keepdims."""
-    t = np.ascontiguousarray(np.moveaxis(np.asarray(terms, np.float32), -1, 0))
-    acc = np.zeros(t.shape[1:], np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        for term in t:
-            acc = acc + term
-    return acc
+    return seq_sum(terms, keepdims=False)
 
 
 def _first_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(amax, max) over the last axis as ggml scans it: start at 0, keep an |x| only if strictly larger.
-
-    max is the signed value at the first index reaching amax (0 when no |x| exceeds 0; NaN never wins).
-    """
-    a = np.abs(x)
-    a = np.where(np.isnan(a), f32(0), a)
-    i = np.argmax(a, axis=-1)[..., None]
-    amax = np.take_along_axis(a, i, axis=-1)[..., 0]
-    mx = np.take_along_axis(x, i, axis=-1)[..., 0]
-    return amax, np.where(amax > 0, mx, f32(0)).astype(np.float32)
+    """(amax, max) over the last axis of x (m, k) as ggml scans it: start at 0, keep an |x| only if
+    strictly larger (`signed_absmax`, without keepdims). max is the signed value at the first index
+    reaching amax (0 when no |x| exceeds 0; NaN never wins)."""
+    amax, mx = signed_absmax(x)
+    return amax[:, 0], mx[:, 0]
 
 
 def _positive_max(v: np.ndarray) -> np.ndarray:
@@ -76,18 +58,6 @@ def _fl16(v) -> np.ndarray:
     """Round to f16 and back (GGML_FP32_TO_FP16 then GGML_FP16_TO_FP32); overflow to inf is expected."""
     with np.errstate(over="ignore", invalid="ignore"):
         return _common_fl16(v)
-
-
-def _chunked(fn):
-    """Run a block quantizer _CHUNK blocks at a time (same bytes, bounded memory)."""
-    def run(x):
-        x = np.asarray(x, np.float32)
-        if len(x) <= _CHUNK:
-            return fn(x)
-        return np.concatenate([fn(x[i:i + _CHUNK]) for i in range(0, len(x), _CHUNK)])
-    run.__name__, run.__qualname__, run.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    run.reference = fn
-    return run
 
 
 # -- the scale searches ------------------------------------------------------------------------------
@@ -115,13 +85,14 @@ def _minmax_search(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, use_
         lo = np.where(lo > 0, f32(0), lo)
         flat = hi == lo
 
-        def error(s, m, levels):          # Σ w * err(s*L + m - x), sequential
-            diff = (s[..., None] * levels + m[..., None]) - x
-            return _sum(w * (np.abs(diff) if use_mad else diff * diff))
+        def error(s, m, levels):          # Σ w * err(s*L + m - x), sequential; levels (n, m)
+            diff = (s * levels + m) - xt
+            return seq_sum(wt * (np.abs(diff) if use_mad else diff * diff), axis=0, keepdims=False)
 
+        # (the work is laid out transposed, (n, m): element j of every row is one contiguous slab)
         iscale = f32(nmax) / (hi - lo)
         scale = f32(1) / iscale
-        L = np.clip(_nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax)
+        L = np.clip(_nearest_int(iscale * (xt - lo)), 0, nmax)
         best = error(scale, lo, L.astype(np.float32))
 
         # Candidates one after the other: an adopted candidate's min (<= 0) replaces `min`, and the
@@ -129,9 +100,9 @@ def _minmax_search(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, use_
         for k in range(nstep + 1):
             coef = (f32(rmin) + f32(rdelta) * f32(k)) + f32(nmax)
             isc = coef / (hi - lo)
-            La = np.clip(_nearest_int(isc[:, None] * (x - lo[:, None])), 0, nmax).astype(np.float32)
-            wl = w * La
-            sum_l, sum_l2, sum_xl = _sum(np.stack([wl, wl * La, wl * x]))
+            La = np.clip(_nearest_int(isc * (xt - lo)), 0, nmax).astype(np.float32)
+            wl = wt * La
+            sum_l, sum_l2, sum_xl = seq_sum(np.stack([wl, wl * La, wl * xt], axis=1), axis=0, keepdims=False)
             D = sum_w * sum_l2 - sum_l * sum_l
             this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
             this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
@@ -143,9 +114,9 @@ def _minmax_search(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, use_
             best = np.where(take, cur, best)
             scale = np.where(take, this_scale, scale)
             lo = np.where(take, this_min, lo)
-            L = np.where(take[:, None], La.astype(np.int32), L)
+            L = np.where(take, La.astype(np.int32), L)
     scale = np.where(flat, f32(0), scale).astype(np.float32)
-    L = np.where(flat[:, None], 0, L)
+    L = np.where(flat[:, None], 0, L.T)
     return scale, (-lo).astype(np.float32), L
 
 
@@ -159,22 +130,25 @@ def _qx_search(x, nmax: int):
     x = np.asarray(x, np.float32)
     amax, mx = _first_absmax(x)
     zero = amax < GROUP_MAX_EPS
-    tries = np.array([0] + [t for t in range(-9, 10) if t], np.float32)
-    coef = np.where(tries == 0, f32(-nmax), -(f32(nmax) + f32(0.1) * tries)).astype(np.float32)
+    tries = [0] + [t for t in range(-9, 10) if t]
+    xt = np.ascontiguousarray(x.T)                     # (n, m): element j of every row is one slab
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        w = x * x
-        isc = coef[:, None] / mx                                              # (T, m)
-        lv = np.clip(_nearest_int(isc[..., None] * x), -nmax, nmax - 1).astype(np.float32)   # (T, m, n)
-        sumlx, suml2 = _sum(np.stack([(w * x) * lv, (w * lv) * lv]))
-        scale = np.where(suml2[0] != 0, sumlx[0] / suml2[0], f32(0)).astype(np.float32)
-        best = scale * sumlx[0]
-        L = lv[0]
-        for t in range(1, len(tries)):
-            take = (suml2[t] > 0) & (sumlx[t] * sumlx[t] > best * suml2[t])
-            L = np.where(take[:, None], lv[t], L)
-            scale = np.where(take, sumlx[t] / suml2[t], scale)
-            best = np.where(take, scale * sumlx[t], best)
-    L = np.where(zero[:, None], 0, L.astype(np.int32) + nmax)
+        w = xt * xt
+        wx = w * xt
+        for t in tries:                                # candidates in ggml's order, one at a time
+            coef = f32(-nmax) if t == 0 else -(f32(nmax) + f32(0.1) * f32(t))
+            lv = np.clip(_nearest_int((coef / mx) * xt), -nmax, nmax - 1).astype(np.float32)   # (n, m)
+            sumlx, suml2 = seq_sum(np.stack([wx * lv, (w * lv) * lv], axis=1), axis=0, keepdims=False)
+            if t == 0:
+                scale = np.where(suml2 != 0, sumlx / suml2, f32(0)).astype(np.float32)
+                best = scale * sumlx
+                L = lv
+            else:
+                take = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+                L = np.where(take, lv, L)
+                scale = np.where(take, sumlx / suml2, scale)
+                best = np.where(take, scale * sumlx, best)
+    L = np.where(zero[:, None], 0, L.T.astype(np.int32) + nmax)
     return np.where(zero, f32(0), scale).astype(np.float32), L
 
 
@@ -237,9 +211,8 @@ def _pack_2bit(L):
 
 
 def _unpack_2bit(qs):
-    """qs (nb, 64) -> (nb, 256) values 0..3, the inverse of `_pack_2bit`."""
-    q = qs.reshape(-1, 2, 1, 32)
-    return ((q >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3).reshape(-1, 256)
+    """qs (nb, 64) -> (nb, 256) uint8 values 0..3, the inverse of `_pack_2bit`."""
+    return unpack_fields(qs, 2).reshape(-1, 256)
 
 
 def _pack_scale_min_k4(ls, lm):
@@ -283,7 +256,7 @@ def _unpack_q3_scales(s):
 # -- Q2_K ----------------------------------------------------------------------------------------------
 
 @dequantizer(GGMLType.Q2_K)
-def dequantize_q2_K(blocks):
+def dequantize_q2_K(blocks, out=None):
     """Q2_K, 84 bytes per 256 values (2.625 bpw): `scales[16]` u8 | `qs[64]` | `d` f16 | `dmin` f16.
 
     16 sub-blocks of 16; scales[j]: low nibble = scale, high nibble = min of sub-block j (e // 16).
@@ -291,17 +264,20 @@ def dequantize_q2_K(blocks):
         y[e] = (d * (scales[j] & 15)) * q - (dmin * (scales[j] >> 4))
     (each product and the difference rounded to f32 in that order, as ggml's dequantize_row_q2_K).
     """
+    out = output(blocks, QK_K, out)
+    n = blocks.shape[0]
     sc = blocks[:, 0:16]
-    d, dmin = f16_field(blocks, 80), f16_field(blocks, 82)
-    with np.errstate(invalid="ignore", over="ignore"):
-        dl = d * (sc & 0xF).astype(np.float32)
-        ml = dmin * (sc >> 4).astype(np.float32)
-        q = _unpack_2bit(blocks[:, 16:80]).astype(np.float32).reshape(-1, 16, 16)
-        return (dl[..., None] * q - ml[..., None]).reshape(-1, QK_K)
+    dl = f16_field(blocks, 80) * (sc & 0xF)
+    ml = f16_field(blocks, 82) * (sc >> 4)
+    sub = out.reshape(n, 16, 16)
+    sub[...] = _unpack_2bit(blocks[:, 16:80]).reshape(n, 16, 16)
+    sub *= dl[..., None]
+    sub -= ml[..., None]
+    return out
 
 
 @quantizer(GGMLType.Q2_K, "chunk", "ref", "cpu")
-@_chunked
+@blockwise
 def quantize_q2_K(x):
     """ggml's quantize_row_q2_K_ref.
 
@@ -332,7 +308,7 @@ def quantize_q2_K(x):
 # -- Q3_K ----------------------------------------------------------------------------------------------
 
 @dequantizer(GGMLType.Q3_K)
-def dequantize_q3_K(blocks):
+def dequantize_q3_K(blocks, out=None):
     """Q3_K, 110 bytes per 256 values (3.4375 bpw): `hmask[32]` | `qs[64]` | `scales[12]` | `d` f16.
 
     16 sub-blocks of 16 with signed 6-bit scales sc_j - 32 (packing: `_unpack_q3_scales`).
@@ -340,18 +316,20 @@ def dequantize_q3_K(blocks):
     hmask[l]; q = low2 - (high bit ? 0 : 4) in -4..3.
         y[e] = (d * (sc_{e//16} - 32)) * q
     """
-    d = f16_field(blocks, 108)
-    sc = _unpack_q3_scales(blocks[:, 96:108]) - 32
-    low = _unpack_2bit(blocks[:, 32:96]).astype(np.int32)
-    hm = blocks[:, 0:32][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]   # [4h + s, l]
-    q = low - 4 * (1 - (hm.reshape(-1, QK_K) & 1)).astype(np.int32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        dl = d * sc.astype(np.float32)
-        return (dl[..., None] * q.astype(np.float32).reshape(-1, 16, 16)).reshape(-1, QK_K)
+    out = output(blocks, QK_K, out)
+    n = blocks.shape[0]
+    dl = f16_field(blocks, 108) * (_unpack_q3_scales(blocks[:, 96:108]) - 32).astype(np.float32)
+    q = _unpack_2bit(blocks[:, 32:96])
+    q |= unpack_fields(blocks[:, 0:32], 1, at=2).reshape(n, QK_K)            # [4h + s, l]: low2 + 4*high
+    q -= 4
+    sub = out.reshape(n, 16, 16)
+    sub[...] = q.view(np.int8).reshape(n, 16, 16)
+    sub *= dl[..., None]
+    return out
 
 
 @quantizer(GGMLType.Q3_K, "chunk", "ref", "cpu")
-@_chunked
+@blockwise
 def quantize_q3_K(x):
     """ggml's quantize_row_q3_K_ref.
 
@@ -395,8 +373,14 @@ def _scale_min_factors(blocks):
         return d * sc.astype(np.float32), dmin * m.astype(np.float32)
 
 
+def _nibbles_k4(qs):
+    """qs (n, 128) -> (n, 8, 32) uint8: chunk c = qs[32c..32c+31] gives sub-block 2c (low nibbles) and
+    2c+1 (high nibbles)."""
+    return unpack_fields(qs, 4).reshape(-1, 8, 32)
+
+
 @dequantizer(GGMLType.Q4_K)
-def dequantize_q4_K(blocks):
+def dequantize_q4_K(blocks, out=None):
     """Q4_K, 144 bytes per 256 values (4.5 bpw): `d` f16 | `dmin` f16 | `scales[12]` | `qs[128]`.
 
     8 sub-blocks of 32 with 6-bit scale sc_j and min m_j (packing: `_unpack_scale_min_k4`).
@@ -404,28 +388,33 @@ def dequantize_q4_K(blocks):
     high nibbles 64c + 32 + l (sub-block 2c+1).
         y = (d * sc_j) * q - (dmin * m_j)
     """
+    out = output(blocks, QK_K, out)
     D, M = _scale_min_factors(blocks)
-    qs = blocks[:, 16:144].reshape(-1, 4, 1, 32)
-    q = ((qs >> np.array([0, 4], np.uint8)[None, None, :, None]) & 0xF).reshape(-1, 8, 32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return (D[..., None] * q.astype(np.float32) - M[..., None]).reshape(-1, QK_K)
+    sub = out.reshape(-1, 8, 32)
+    sub[...] = _nibbles_k4(blocks[:, 16:144])
+    sub *= D[..., None]
+    sub -= M[..., None]
+    return out
 
 
 @dequantizer(GGMLType.Q5_K)
-def dequantize_q5_K(blocks):
+def dequantize_q5_K(blocks, out=None):
     """Q5_K, 176 bytes per 256 values (5.5 bpw): `d` f16 | `dmin` f16 | `scales[12]` | `qh[32]` | `qs[128]`.
 
     As Q4_K, plus a fifth bit worth 16: element 64c + l takes bit 2c of qh[l], element 64c + 32 + l
     takes bit 2c+1.
         y = (d * sc_j) * q - (dmin * m_j),  q in 0..31
     """
+    out = output(blocks, QK_K, out)
+    n = blocks.shape[0]
     D, M = _scale_min_factors(blocks)
-    qs = blocks[:, 48:176].reshape(-1, 4, 1, 32)
-    low = (qs >> np.array([0, 4], np.uint8)[None, None, :, None]) & 0xF
-    qh = blocks[:, 16:48][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]    # [2c + half, l]
-    q = (low.reshape(-1, 8, 32) + 16 * (qh & 1)).astype(np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return (D[..., None] * q - M[..., None]).reshape(-1, QK_K)
+    q = _nibbles_k4(blocks[:, 48:176])
+    q |= unpack_fields(blocks[:, 16:48], 1, at=4).reshape(n, 8, 32)              # bit j of qh[l], worth 16
+    sub = out.reshape(n, 8, 32)
+    sub[...] = q
+    sub *= D[..., None]
+    sub -= M[..., None]
+    return out
 
 
 def _quantize_k4(x, nmax: int, rmin: float, nstep: int):
@@ -459,7 +448,7 @@ def _quantize_k4(x, nmax: int, rmin: float, nstep: int):
 
 
 @quantizer(GGMLType.Q4_K, "chunk", "ref", "cpu")
-@_chunked
+@blockwise
 def quantize_q4_K(x):
     """ggml's quantize_row_q4_K_ref: `_quantize_k4` with nmax 15, rmin -1.0, 20 steps; nibble packing."""
     scales, d, dmin, L = _quantize_k4(x, 15, -1.0, 20)
@@ -469,7 +458,7 @@ def quantize_q4_K(x):
 
 
 @quantizer(GGMLType.Q5_K, "chunk", "ref", "cpu")
-@_chunked
+@blockwise
 def quantize_q5_K(x):
     """ggml's quantize_row_q5_K_ref: `_quantize_k4` with nmax 31, rmin -0.5, 15 steps; bit 4 into qh."""
     scales, d, dmin, L = _quantize_k4(x, 31, -0.5, 15)
@@ -485,7 +474,7 @@ def quantize_q5_K(x):
 # -- Q6_K ----------------------------------------------------------------------------------------------
 
 @dequantizer(GGMLType.Q6_K)
-def dequantize_q6_K(blocks):
+def dequantize_q6_K(blocks, out=None):
     """Q6_K, 210 bytes per 256 values (6.5625 bpw): `ql[128]` | `qh[64]` | `scales[16]` int8 | `d` f16.
 
     Half h = 0..1 uses ql[64h ..], qh[32h ..]; for l = 0..31 and k = 0..3, element 128h + 32k + l has
@@ -493,18 +482,24 @@ def dequantize_q6_K(blocks):
     (qh[32h + l] >> 2k) & 3; q = v6 - 32.
         y[e] = (d * scales[e//16]) * q
     """
-    d = f16_field(blocks, 208)
-    sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
-    ql = blocks[:, 0:128].reshape(-1, 2, 2, 32)                   # [h, k & 1, l]
-    low = np.concatenate([ql & 0xF, ql >> 4], axis=2)             # [h, k, l]
-    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
-    q = (low | ((qh & 3) << 4)).astype(np.int32) - 32
-    with np.errstate(invalid="ignore", over="ignore"):
-        return ((d * sc)[..., None] * q.astype(np.float32).reshape(-1, 16, 16)).reshape(-1, QK_K)
+    out = output(blocks, QK_K, out)
+    n = blocks.shape[0]
+    dl = f16_field(blocks, 208) * blocks[:, 192:208].view(np.int8)
+    ql = np.ascontiguousarray(blocks[:, 0:128]).view("<u8").reshape(n, 2, 2, 4)    # [h, k & 1, u64 word]
+    q = np.empty((n, 2, 4, 4), "<u8")                                              # [h, k, u64 word]
+    np.bitwise_and(ql, LOW_NIBBLES, out=q[:, :, 0:2])                              # k = 0, 1: low nibbles
+    np.bitwise_and(ql >> np.uint64(4), LOW_NIBBLES, out=q[:, :, 2:4])              # k = 2, 3: high nibbles
+    q = q.view(np.uint8).reshape(n, 2, 4, 32)                                      # [h, k, l]
+    q |= unpack_fields(blocks[:, 128:192], 2, at=4)
+    q -= 32
+    sub = out.reshape(n, 16, 16)
+    sub[...] = q.view(np.int8).reshape(n, 16, 16)
+    sub *= dl[..., None]
+    return out
 
 
 @quantizer(GGMLType.Q6_K, "chunk", "ref", "cpu")
-@_chunked
+@blockwise
 def quantize_q6_K(x):
     """ggml's quantize_row_q6_K_ref.
 
@@ -536,19 +531,19 @@ def quantize_q6_K(x):
 # -- Q8_K ----------------------------------------------------------------------------------------------
 
 @dequantizer(GGMLType.Q8_K)
-def dequantize_q8_K(blocks):
+def dequantize_q8_K(blocks, out=None):
     """Q8_K, 292 bytes per 256 values: `d` f32 | `qs[256]` int8 | `bsums[16]` int16 (Σ qs per 16).
 
     The activation format of the K-quant dot products. y = d * q (bsums are not read).
     """
-    d = np.ascontiguousarray(blocks[:, 0:4]).view("<f4").astype(np.float32)
-    q = blocks[:, 4:260].view(np.int8).astype(np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return d * q
+    out = output(blocks, QK_K, out)
+    out[...] = blocks[:, 4:260].view(np.int8)
+    out *= np.ascontiguousarray(blocks[:, 0:4]).view("<f4")
+    return out
 
 
 @quantizer(GGMLType.Q8_K, "ref", "cpu")
-@_chunked
+@blockwise
 def quantize_q8_K(x):
     """ggml's quantize_row_q8_K_ref (also the CPU backend's from_float on every architecture).
 
