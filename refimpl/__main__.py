@@ -204,7 +204,12 @@ def _load_llama(args):
     path = _model_path(args)
     # weights dequantized once at load when they fit comfortably (f32 size < 2 GiB), else kept quantized
     deq = args.weights == "f32" or (args.weights == "auto" and os.path.getsize(path) * 8 < 2 << 30)
-    m = llama.load(path, dequantize_weights=deq)
+    def bar(i, n):
+        if sys.stderr.isatty() or i == n:
+            w = 30
+            print(f"\rloading {os.path.basename(str(path))} [{'#' * (w * i // n):{w}s}] {100 * i // n:3d}%",
+                  end="\n" if i == n else "", file=sys.stderr, flush=True)
+    m = llama.load(path, dequantize_weights=deq, progress=bar)
     print(f"[loaded {m.path} ({m.hparams.arch}, {m.hparams.n_layer} layers) in {time.perf_counter() - t0:.2f} s]",
           file=sys.stderr)
     return m

@@ -26,10 +26,13 @@ from ..qtensor import QTensor
 A = Any  # np.ndarray or QTensor
 
 ROPE_NORMAL, ROPE_NEOX = 0, 2
-# llama.cpp's rope type per architecture (llama_model_rope_type): the GGUF converter permutes Q/K rows of
-# these so that adjacent pairs (NORMAL) reproduce HF's rotate-half; the NEOX ones keep halves.
-ROPE_MODE = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "granite": ROPE_NORMAL,
-             "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX, "gemma": ROPE_NEOX, "olmo2": ROPE_NEOX}
+# The architectures this graph computes exactly as llama.cpp does, with llama.cpp's rope type for each
+# (llama_model_rope_type): the converter permutes llama/mistral Q/K rows so that adjacent pairs (NORMAL)
+# reproduce HF's rotate-half; qwen2 keeps halves (NEOX) and adds Q/K/V biases. llama is compared with
+# llama.cpp in the tests (SmolLM2 and tiny random models); mistral is llama's graph under another name;
+# qwen2 runs but has no llama.cpp golden yet. Architectures with other norms or scalings (gemma's
+# 1 + w norms and embedding scale, granite's multipliers, qwen3's Q/K norms, phi3's fused QKV) are refused.
+ROPE_MODE = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX}
 
 
 @dataclass(frozen=True)
@@ -127,13 +130,13 @@ def _tensor(f, name: str, shape: tuple, path) -> A:
     return t
 
 
-def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False) -> LlamaModel:
+def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, progress=None) -> LlamaModel:
     """Load a llama-family GGUF: hyper-parameters from metadata, weights as memory-mapped views
     (ndarrays / QTensors, never dequantized here).
 
     dequantize_weights=True trades memory for speed: every matrix is dequantized once to f32 at load
     (SmolLM2-135M: about 0.6 GB) instead of TILE_ROWS rows at a time in every mul_mat. Results are
-    identical (dequantization is exact either way)."""
+    identical (dequantization is exact either way). progress(i, n) is called as layers are prepared."""
     f = path if isinstance(path, _gguf.GGUFFile) else _gguf.load(path)
     path = f.path
     kv = f.metadata
@@ -161,8 +164,15 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False) -> L
     if dequantize_weights:
         from ..qtensor import dequantize
         dq = lambda t: dequantize(t) if isinstance(t, QTensor) else t   # noqa: E731
-        layers = [Layer(**{k: dq(v) for k, v in vars(w).items()}) for w in layers]
+        done = []
+        for i, w in enumerate(layers):
+            done.append(Layer(**{k: dq(v) for k, v in vars(w).items()}))
+            if progress:
+                progress(i + 1, len(layers) + 1)
+        layers = done
         output = dq(output)
+    if progress:
+        progress(1, 1)
     tok = None
     if tokenizer and "tokenizer.ggml.model" in kv:
         from ..tokenizer import from_gguf
