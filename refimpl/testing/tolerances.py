@@ -17,7 +17,13 @@ class Tol:
     exact: bool = False
     nmse: float | None = None
     max_ulp: int | None = None
+    atol: float | None = None      # element-wise bounds, for property tests against a formula
+    rtol: float | None = None
     why: str = ""
+
+    def allclose(self) -> dict:
+        """keyword arguments for np.allclose / np.testing.assert_allclose"""
+        return {"atol": self.atol or 0.0, "rtol": self.rtol or 0.0}
 
 
 EXACT = Tol(exact=True, why="same operations in the same order: identical bits")
@@ -231,6 +237,21 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     ("mul_mat", "*", "property"): Tol(nmse=1e-12, why="f64 sums in different orders, one f32 rounding each"),
     ("solve_tri", "*", "property"): Tol(nmse=1e-10, why="residual of A x = b with x rounded to f32"),
     ("conv_2d", "*", "property"): Tol(nmse=1e-12, why="f64 sums in different orders, one f32 rounding each"),
+    # -- element-wise bounds of property tests (formula identities, not golden values) -----------------
+    ("soft_max_ext", "f32", "alibi-slopes"): Tol(rtol=1e-7, why="slopes m0^(h+1) are powf in f32: one "
+                                                 "rounding from the f64 powers of two and four"),
+    ("sigmoid", "f32", "symmetry"): Tol(atol=2.0 ** -23, why="sigmoid(x) + sigmoid(-x) = 1 with each term "
+                                        "rounded once to f32: within one ulp of 1"),
+    ("interpolate", "f32", "corners"): Tol(atol=1e-6, why="align-corners bilinear returns the corner inputs "
+                                           "up to the f32 rounding of its weights (inputs in [-1, 1])"),
+    ("timestep_embedding", "f32", "unit-circle"): Tol(atol=1e-6, why="cos^2 + sin^2 = 1 and cos(t) with f32 "
+                                                      "cosf/sinf of arguments up to 1000 (ulp 6e-5 rad)"),
+    ("cross_entropy_loss", "f32", "gibbs"): Tol(atol=1e-4, rtol=1e-4, why="log of labels as f32 logits and "
+                                                "f32 log-softmax: the loss reaches the label entropy to ~1e-5"),
+    ("cross_entropy_loss_back", "f32", "finite-differences"): Tol(atol=1e-6, why="central differences with "
+                                                                 "h = 1e-6 in f64 vs the f32 gradient"),
+    ("l2_norm", "f32", "eps"): Tol(rtol=1e-6, why="x * fl(1/eps): one f32 rounding of the reciprocal and one "
+                                   "of the product"),
     # -- models ---------------------------------------------------------------------------------------
     ("llama.forward", "f32", "prefill"): Tol(nmse=1e-10, why="token-by-token, chunked and one-shot prefill "
                                               "differ only in f64-summed dot products over different lengths"),

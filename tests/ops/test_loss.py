@@ -41,7 +41,7 @@ def test_loss_is_at_least_the_label_entropy(xy):      # Gibbs: H(y, p) >= H(y), 
     h = -np.sum(np.where(y64 > 0, y64 * np.log(np.where(y64 > 0, y64, 1)), 0)) / nr
     assert cross_entropy_loss(x, y)[0] >= h * (1 - 1e-6) - 1e-6
     z = np.log(np.maximum(y, 1e-30)).astype(np.float32)        # logits whose softmax is y
-    np.testing.assert_allclose(cross_entropy_loss(z, y)[0], h, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cross_entropy_loss(z, y)[0], h, **tol("cross_entropy_loss", "f32", "gibbs").allclose())
 
 
 @given(_logits_labels(), st.sampled_from([1.0, -0.5, 3.0]))
@@ -66,7 +66,7 @@ def test_loss_back_matches_finite_differences_of_the_loss():
         d[i] = h
         fd[i] = (loss(x + d) - loss(x - d)) / (2 * h)
     got = cross_entropy_loss_back(np.ones(1, np.float32), x.astype(np.float32), y.astype(np.float32))
-    np.testing.assert_allclose(got, fd, atol=1e-6)
+    np.testing.assert_allclose(got, fd, **tol("cross_entropy_loss_back", "f32", "finite-differences").allclose())
 
 
 def test_losses_reject_what_ggml_rejects():

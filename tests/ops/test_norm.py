@@ -41,7 +41,7 @@ def test_l2_norm_gives_unit_rows(a, eps):
 
 def test_l2_norm_eps_bounds_the_norm_not_its_square():
     a = np.full((1, 4), 1e-3, np.float32)            # ||a|| = 2e-3 < eps = 1e-2
-    np.testing.assert_allclose(l2_norm(a, 1e-2), a / np.float32(1e-2), rtol=1e-6)
+    np.testing.assert_allclose(l2_norm(a, 1e-2), a / np.float32(1e-2), **tol("l2_norm", "f32", "eps").allclose())
 
 
 @given(data=st.data())
