@@ -149,14 +149,7 @@ def _chat_llama2c(args, m) -> int:
     tok, sampler = m.tokenizer, _sampler(args)
     cache = llama.new_cache(m, m.hparams.n_ctx_train)
     first = True
-    while True:
-        try:
-            user = input("> ")
-        except EOFError:
-            print()
-            return 0
-        if user.strip() in ("/exit", "/quit"):
-            return 0
+    for user in _user_turns():
         text = (f"[INST] <<SYS>>\n{args.system}\n<</SYS>>\n\n{user} [/INST]" if first and args.system
                 else f"[INST] {user} [/INST]")
         first = False
@@ -179,6 +172,7 @@ def _chat_llama2c(args, m) -> int:
             print("[context full]")
             return 0
         llama.forward(m, [tok.eos_id], cache)
+    return 0
 
 
 def _sampler(args):
@@ -247,14 +241,7 @@ def _cmd_chat(args) -> int:
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
-    while True:
-        try:
-            user = input("> ")
-        except EOFError:
-            print()
-            return 0
-        if user.strip() in ("/exit", "/quit"):
-            return 0
+    for user in _user_turns():
         messages.append({"role": "user", "content": user})
         prompt = llama.format_chat(m, messages)
         reply = []
@@ -263,6 +250,20 @@ def _cmd_chat(args) -> int:
             print(piece, end="", flush=True)
         print()
         messages.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
+def _user_turns():
+    """Lines typed at the "> " prompt, until end of input or /exit, /quit."""
+    while True:
+        try:
+            user = input("> ")
+        except EOFError:
+            print()
+            return
+        if user.strip() in ("/exit", "/quit"):
+            return
+        yield user
 
 
 def _add_sampling_args(s):
