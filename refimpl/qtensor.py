@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .types import GGMLType, as_type, traits
+from .types import as_type, traits
 
 __all__ = ["QTensor", "quantize", "dequantize"]
 

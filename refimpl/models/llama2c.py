@@ -57,7 +57,6 @@ import heapq
 import re
 import struct
 from dataclasses import dataclass, field
-from os import PathLike
 from pathlib import Path
 from typing import Iterable
 

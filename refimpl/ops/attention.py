@@ -78,7 +78,7 @@ def flash_attn_ext(q: np.ndarray, k, v, mask: np.ndarray | None = None, scale: f
     v, vshape = _kv(name, v, "v", q)
     nq, nk, nv = ne4(q.shape), ne4(kshape), ne4(vshape)
     DK, N, H, S = nq
-    DV, NKV, HKV = nv[0], nk[1], nk[2]
+    NKV, HKV = nk[1], nk[2]
     if nk[0] != DK or H % nk[2] or S % nk[3]:
         fail(name, "need k.ne0 == q.ne0 (head_dim) and q.ne2, q.ne3 multiples of k's", q=q, k=k)
     if nk[3] != S or nv[3] != S:

@@ -25,7 +25,7 @@ from ..quants._common import f16_bits, f16_to_f32
 from ..quants.floats import f32_to_bf16_bits
 from ..types import GGMLType
 from ._core import op
-from ._shapes import fail, fmt, ne4, tile_to  # noqa: F401
+from ._shapes import fail, ne4, tile_to
 
 f32 = np.float32
 FLOAT_TYPES = ("f32", "f16", "bf16")

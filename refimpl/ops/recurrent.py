@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._core import op
-from ._shapes import fail, fmt, ne4
+from ._shapes import fail, ne4
 
 
 def _need_f32(name: str, **operands) -> None:

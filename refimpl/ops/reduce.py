@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._core import op
-from ._shapes import fail, fmt, ne4  # noqa: F401
+from ._shapes import fail, ne4
 from .elementwise import _check_layout, _load, _store, _tname
 
 

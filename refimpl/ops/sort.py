@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._core import op
-from ._shapes import fail, fmt
+from ._shapes import fail
 
 # enum ggml_sort_order
 SORT_ORDER_ASC = 0

@@ -117,7 +117,7 @@ def probe(dequantize: Callable[[str, np.ndarray], np.ndarray]) -> dict[str, np.n
     """
     out: dict[str, np.ndarray] = {}
     sub = np.arange(32)          # sub-group s = 4*g + l of a 256-block: group g = s // 4, l = s % 4
-    g, l = sub // 4, sub % 4
+    l = sub % 4
 
     # kvalues_iq4nl: one IQ4_NL block, d = 1, low nibble of byte j = j.
     b = _blocks(1, 18, 1.0)

@@ -23,7 +23,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ..types import GGMLType, as_type, traits
+from ..types import as_type, traits
 
 BLOCK_KINDS = ("normal", "uniform", "zero", "signed_zero", "constant", "outlier", "f16_overflow",
                "subnormal", "ties", "ints", "positive", "negative")
