@@ -79,3 +79,14 @@ def test_loader_rejects_inconsistent_hyper_parameters(tmp_path):
     gguf.save(tmp_path / "bad.gguf", md, {k: np.array(v) if not hasattr(v, "type") else v for k, v in f.tensors.items()})
     with pytest.raises(ValueError, match="head_count 5 does not divide embedding_length 64"):
         llama.load(tmp_path / "bad.gguf")
+
+
+def test_generate_stops_before_a_stop_string(tmp_path):
+    """With stop=(s,), the streamed text is the unstopped text cut just before the first s."""
+    m = llama.load(write_tiny_llama(tmp_path / "t.gguf"))       # with its byte-level vocabulary
+    prompt = [40, 41, 42]                                        # continues for 12 tokens without EOS
+    full = "".join(llama.generate(m, prompt, 12))
+    assert len(full) >= 6, full
+    stop = full[3:5]
+    cut = "".join(llama.generate(m, prompt, 12, stop=(stop,)))
+    assert cut == full[: full.index(stop)]
