@@ -300,7 +300,7 @@ def _convert(name: str, a, t_dst: GGMLType, shape: tuple, dst=None):
              a=a, dst=tuple(shape))
     if t_src == t_dst:                                               # raw copy, block bytes included
         if isinstance(a, QTensor):
-            if not _is_contiguous(a) and ne4(shape) != ne4(a.shape) and dst_contig:
+            if ts.blck_size > 1 and not _is_contiguous(a) and ne4(shape) != ne4(a.shape) and dst_contig:
                 fail(name, "ggml-cpu copies a non-contiguous block-type source into a reshaped contiguous "
                      "destination with the wrong row size (dup_bytes); make a contiguous first",
                      a=a, dst=tuple(shape))
