@@ -484,4 +484,11 @@ def from_gguf(src) -> Tokenizer:
     kv = src if isinstance(src, dict) else src.metadata
     if "tokenizer.ggml.tokens" not in kv:
         raise ValueError("GGUF has no tokenizer.ggml.tokens: no vocabulary to build a tokenizer from")
+    model = kv.get("tokenizer.ggml.model", "llama")
+    if model == "bert":                                      # WordPiece (BERT family)
+        from .wordpiece import WordPieceTokenizer
+        return WordPieceTokenizer.from_gguf_metadata(kv)
+    if model == "rwkv":                                      # RWKV World: greedy longest match
+        from .rwkv_tokenizer import RWKVTokenizer
+        return RWKVTokenizer.from_gguf_metadata(kv)
     return Tokenizer(kv)
