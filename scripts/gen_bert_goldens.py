@@ -15,11 +15,13 @@ Writes tests/golden_data/bert_minilm.npz:
                      not normalized
     profile          versions and build flags of the references (one JSON string)
 and tests/golden_data/bert_minilm_convert.json: the metadata and tensor table of the GGUF llama.cpp's own
-converter writes for the model (when its convert_hf_to_gguf.py is available: --llama-cpp-src DIR).
+converter writes for the model (types f32, f16, q8_0; long arrays and tensor bytes as sha256 digests), when its
+convert_hf_to_gguf.py is available (--llama-cpp-src DIR; it needs torch and transformers).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -159,12 +161,15 @@ def converter_part(model_dir: Path, src: Path) -> None:
                 if k.startswith("general.") and k not in ("general.architecture", "general.file_type",
                                                           "general.quantization_version"):
                     continue                               # names, dates, licence text: not the format
-                if isinstance(v, (list, tuple)) and len(v) > 16:
-                    meta[k] = {"len": len(v), "head": list(v[:8]), "tail": list(v[-8:])}
+                if isinstance(v, (list, tuple)) and len(v) > 16:     # long arrays: length, ends and a digest
+                    meta[k] = {"len": len(v), "head": list(v[:8]), "tail": list(v[-8:]),
+                               "sha256": hashlib.sha256(json.dumps(list(v), ensure_ascii=False).encode()).hexdigest()}
                 else:
                     meta[k] = v
-            tensors = {name: {"type": int(getattr(a, "type", 0) if hasattr(a, "type") else 0),
-                              "shape": list(a.shape)} for name, a in f.tensors.items()}
+            tensors = {name: {"type": info.type.name, "ne": list(info.ne),
+                              "sha256": hashlib.sha256(f.data[info.file_offset:info.file_offset + info.nbytes]
+                                                       .tobytes()).hexdigest()}
+                       for name, info in f.tensor_info.items()}
             table[t] = {"metadata": meta, "tensors": tensors}
     table["profile"] = {"converter": str(src / "convert_hf_to_gguf.py"), "note": "llama.cpp vendored in "
                         "llama-cpp-python 0.3.36"}
