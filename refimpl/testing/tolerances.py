@@ -301,6 +301,25 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     ("gated_linear_attn", "f32", "property"): Tol(nmse=1e-10, why="vs the f64 formula (measured max 4.8e-15)"),
     ("rwkv_wkv7", "f32", "property"): Tol(nmse=1e-10, why="vs the f64 formula (measured max 1.6e-14): f32 state"),
     ("gated_delta_net", "f32", "property"): Tol(nmse=1e-10, why="vs the f64 delta rule (measured max 1.2e-14)"),
+    # -- numerics="ggml" (refimpl/ops/faithful, docs/numerics.md) vs live ggml on the portable AVX2 build -----
+    **{("mul_mat", t, "ggml-faithful"): Tol(exact=True, why="ggml-cpu's activation conversion and AVX2 vec_dot "
+                                           "order (8-lane FMAs, its horizontal sums), FMA rounded once")
+       for t in ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K",
+                 "q6_K", "iq4_nl", "iq4_xs")},
+    # -- rwkv (tests/models/test_rwkv_*.py): logits and every state array, NMSE per array ----------------------
+    ("rwkv.forward", "f32", "rwkv"): Tol(nmse=1e-11, why="vs the rwkv pip package (ChatRWKV, cpu fp32), tiny "
+                                         "v4/v5.0/5.1/5.2 models, one call, token by token and split: measured "
+                                         "max 1.7e-13 for logits (max |d| 4.3e-6, 5.1e-7 of max |logit|), 1.1e-13 "
+                                         "for states (max |d| 6.0e-6): torch's f32 sums vs f64-summed mul_mat"),
+    ("rwkv.forward", "f32", "transformers"): Tol(nmse=1e-11, why="vs transformers' RwkvForCausalLM f32 CPU (v4): "
+                                                 "measured 7.7e-14 for logits (max |d| 1.8e-6), 2.3e-14 for the "
+                                                 "state (max |d| 1.7e-6)"),
+    ("rwkv.forward", "f32", "sequence"): Tol(nmse=1e-12, why="one call vs token by token vs chunks: every op is "
+                                             "row-wise and the recurrences run token by token either way; "
+                                             "measured identical bits for v4 and v5"),
+    ("rwkv.forward", "f32", "rescaled"): Tol(nmse=1e-6, why="rescale_every (weights / 2**(i // R), x halved) "
+                                             "vs unscaled: LayerNorm's eps grows 4x per halving; measured max "
+                                             "3.7e-7 over 4-layer tiny v4/v5 models with R = 1"),
 }
 
 
