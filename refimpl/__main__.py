@@ -284,6 +284,121 @@ def _add_sampling_args(s):
                    help="dequantize weights once at load (f32) or keep them quantized (default: f32 if small)")
 
 
+# -- BERT embeddings, conversion, requantization ------------------------------------------------------
+
+def _add_model_options(s):
+    """--backend, --threads, --numerics, --seed: the options every model command takes."""
+    s.add_argument("--backend", choices=["numpy", "numba", "cuda"], default=None,
+                   help="op implementations (default: numba when installed, else numpy; or $REFIMPL_BACKEND)")
+    s.add_argument("--threads", type=int, default=None, help="threads for the numba kernels")
+    s.add_argument("--numerics", choices=["exact", "ggml"], default=None,
+                   help="exact (f32/f64, the default) or ggml (the CPU backend's roundings, where implemented)")
+    s.add_argument("--seed", type=int, default=None, help="random seed (unused by deterministic commands)")
+
+
+def _model_context(args):
+    """A context manager applying --backend / --numerics / --threads."""
+    import contextlib
+    from . import backend, numerics
+    stack = contextlib.ExitStack()
+    if getattr(args, "backend", None):
+        stack.enter_context(backend(args.backend))
+    if getattr(args, "numerics", None):
+        stack.enter_context(numerics(args.numerics))
+    if getattr(args, "threads", None):
+        try:
+            import numba
+            numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
+        except ImportError:
+            pass
+    return stack
+
+
+def _bert_model_path(name: str):
+    """A path as given; a name of `refimpl fetch` (minilm) that is not also a path is fetched into the cache."""
+    import os
+    from .fetch import MODELS, fetch
+    return fetch(name) if name in MODELS and not os.path.exists(name) else name
+
+
+def _cmd_embed(args) -> int:
+    import json
+    import os
+    from .models import bert
+    texts = list(args.texts)
+    if not texts:
+        texts = [line.rstrip("\r\n") for line in sys.stdin]
+    if not texts:
+        print("refimpl embed: no texts (give them as arguments or one per line on stdin)", file=sys.stderr)
+        return 1
+    path = _bert_model_path(args.model)
+    if not os.path.exists(path):
+        print(f"refimpl embed: {path}: no such file or directory (a GGUF file, a Hugging Face directory, or "
+              f"'minilm')", file=sys.stderr)
+        return 1
+    with _model_context(args):
+        m = bert.load(path)
+        pooling = args.pooling or m.pooling or "mean"
+        if args.similarity and pooling == "none":
+            print("refimpl embed: --similarity needs a pooled vector per text (not --pooling none)", file=sys.stderr)
+            return 1
+        emb = bert.embed(m, texts, pooling=pooling, normalize=not args.no_normalize, batch_size=args.batch_size)
+    sim = None
+    if args.similarity:
+        e = np.asarray(emb, np.float64)
+        n = np.linalg.norm(e, axis=1, keepdims=True)
+        e = e / np.where(n > 0, n, 1.0)
+        sim = e @ e.T
+    if args.json:
+        rows = [np.asarray(v).tolist() for v in emb]
+        out = {"model": str(path), "pooling": pooling, "normalize": not args.no_normalize, "texts": texts,
+               "embeddings": rows}
+        if sim is not None:
+            out["similarity"] = sim.tolist()
+        print(json.dumps(out))
+        return 0
+    if sim is not None:
+        for row in sim:
+            print(" ".join(f"{v:8.5f}" for v in row))
+        return 0
+    for v in emb:
+        if pooling == "none":                    # one vector per token, a blank line after each text
+            for r in v:
+                print(" ".join(f"{x:.6f}" for x in r))
+            print()
+        else:
+            print(" ".join(f"{x:.6f}" for x in v))
+    return 0
+
+
+def _cmd_convert(args) -> int:
+    from .convert import convert
+    try:
+        out = convert(args.src, args.out, args.type)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"refimpl convert: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_quantize(args) -> int:
+    from .requantize import requantize
+    try:
+        report = requantize(args.src, args.out, args.type, all=args.all)
+    except (ValueError, OSError) as e:
+        print(f"refimpl quantize: {e}", file=sys.stderr)
+        return 1
+    done = [e for e in report if not e.note]
+    kept: dict[str, int] = {}
+    for e in report:
+        if e.note:
+            kept[e.note] = kept.get(e.note, 0) + 1
+    print(f"wrote {args.out}: {len(done)} tensors to {args.type}, {len(report) - len(done)} kept"
+          + (f" ({', '.join(f'{k}: {v}' for k, v in kept.items())})" if kept else ""))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="refimpl", description="The reference implementation of ggml in NumPy.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -312,6 +427,32 @@ def main(argv=None) -> int:
     s.add_argument("--system", default="", help="system message")
     _add_sampling_args(s)
     s.set_defaults(fn=_cmd_chat)
+    s = sub.add_parser("embed", help="sentence embeddings with a BERT model (GGUF, Hugging Face directory, or "
+                       "'minilm'), one vector per line")
+    s.add_argument("-m", "--model", default="minilm",
+                   help="GGUF file, Hugging Face / sentence-transformers directory, or 'minilm' (fetched; default)")
+    s.add_argument("texts", nargs="*", help="texts to embed (default: one per line from stdin)")
+    s.add_argument("--pooling", choices=["none", "mean", "cls", "last"], default=None,
+                   help="default: the model's own (GGUF bert.pooling_type / 1_Pooling), else mean")
+    s.add_argument("--no-normalize", action="store_true", help="skip the Euclidean normalization")
+    s.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix of the texts")
+    s.add_argument("--json", action="store_true", help="print JSON with full-precision vectors")
+    s.add_argument("--batch-size", type=int, default=32)
+    _add_model_options(s)
+    s.set_defaults(fn=_cmd_embed)
+    s = sub.add_parser("convert", help="convert a Hugging Face model directory to a GGUF file llama.cpp loads")
+    s.add_argument("src", help="Hugging Face model directory (config.json, model.safetensors, tokenizer files)")
+    s.add_argument("out", help="output GGUF file")
+    s.add_argument("--type", "--outtype", dest="type", choices=["f32", "f16", "bf16", "q8_0"], default="f32",
+                   help="weight type (1-D tensors, norms and position/type embeddings stay f32, as llama.cpp's "
+                   "converter does)")
+    s.set_defaults(fn=_cmd_convert)
+    s = sub.add_parser("quantize", help="requantize a GGUF file's weight matrices to TYPE (ggml's quantize_chunk)")
+    s.add_argument("src", help="input GGUF file")
+    s.add_argument("out", help="output GGUF file")
+    s.add_argument("type", help="ggml type: q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, f16, bf16, ...")
+    s.add_argument("--all", action="store_true", help="also quantize the embeddings (1-D tensors always stay)")
+    s.set_defaults(fn=_cmd_quantize)
     args = p.parse_args(argv)
     return args.fn(args)
 
