@@ -73,7 +73,7 @@ SENTENCES = [
     "Machine learning models turn text into vectors so that similar meanings end up close together.",
     _LONG,
     _LONG * 2,
-    _LONG * 4,                           # past the 256-token limit: truncated by both
+    _LONG * 6,                           # past the 256-token limit: truncated by both
     "dogs",
     "A cat sits on the mat.",
     "Der schnelle braune Fuchs springt über den faulen Hund.",
@@ -119,7 +119,7 @@ def llama_cpp_part(model_dir: Path, out: dict, profile: dict, types=("f32", "f16
             convert(model_dir, path, t)
             llm = Llama(model_path=str(path), embedding=True, pooling_type=1, n_ctx=512, n_batch=512,
                         n_ubatch=512, n_threads=2, verbose=False)
-            ids = [llm.tokenize(s.encode("utf-8"), add_bos=True, special=False) for s in SENTENCES]
+            ids = [llm.tokenize(s.encode("utf-8"), add_bos=True, special=True) for s in SENTENCES]   # as llama-embedding
             embs = []
             for s_ids in ids:
                 if len(s_ids) > MAX_LEN:                     # the model's max length, cut as sentence-transformers
