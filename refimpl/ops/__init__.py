@@ -8,6 +8,7 @@ from ._shapes import GGMLShapeError  # noqa: F401
 
 from . import elementwise, reduce, movement, norm, softmax, rope, attention, loss  # noqa: E402,F401
 from . import matmul, conv, recurrent, sort  # noqa: E402,F401
+from . import faithful  # noqa: E402,F401  (registers the numerics="ggml" emulations)
 
 
 _MODULES = (elementwise, reduce, movement, norm, softmax, rope, attention, loss, matmul, conv, recurrent, sort)

@@ -24,7 +24,7 @@ from ..qtensor import QTensor, dequantize, quantize
 from ..quants._common import f16_bits, f16_to_f32
 from ..quants.floats import f32_to_bf16_bits
 from ..types import GGMLType
-from ._core import op
+from ._core import current_numerics, op
 from ._shapes import fail, ne4, tile_to
 
 f32 = np.float32
@@ -480,7 +480,7 @@ def trunc(a):
 
 
 @op("silu", covers="UNARY:SILU")
-def silu(a):
+def silu(a, *, numerics: str | None = None):
     """ggml_silu: sigmoid linear unit (swish), e.g. the FFN gate of llama (n_tokens, n_ff).
 
     a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
@@ -491,6 +491,9 @@ def silu(a):
     exp is the true exponential rounded to f32. ggml-cpu's f32 kernel (AVX2) uses a SIMD polynomial exp on
     8-element chunks and libm expf on the row's tail: results differ from it by about an ulp.
     """
+    if current_numerics(numerics) == "ggml":
+        from .faithful import OPS
+        return OPS["silu"](a)
     return _unary("silu", a, _silu, ("f32", "f16"))
 
 
@@ -701,7 +704,10 @@ def geglu(a, b=None, *, swapped: bool = False):
 
 
 @op("swiglu", covers="GLU:SWIGLU")
-def swiglu(a, b=None, *, swapped: bool = False):
+def swiglu(a, b=None, *, swapped: bool = False, numerics: str | None = None):
+    if current_numerics(numerics) == "ggml":
+        from .faithful import OPS
+        return OPS["swiglu"](a, b, swapped=swapped)
     return _glu("swiglu", a, b, swapped, lambda x, g, t: _silu(x) * g)
 
 

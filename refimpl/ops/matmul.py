@@ -182,7 +182,10 @@ def mul_mat_id(as_, b, ids: np.ndarray, *, numerics: str | None = None) -> np.nd
     if ids.size and (ids.min() < 0 or ids.max() >= na[2]):
         fail("mul_mat_id", f"expert id out of range [0, {na[2]})", as_=as_, b=b, ids=ids)
     if mode == "ggml":
-        raise ValueError("mul_mat_id: numerics='ggml' is not implemented yet; use 'exact'")
+        if _tname(ta) not in FAITHFUL:
+            raise ValueError(f"mul_mat_id: numerics='ggml' is not available for {_tname(ta)} weights; use 'exact'")
+        from .faithful.matmul import mul_mat_id as faithful_mul_mat_id
+        return faithful_mul_mat_id(as_, b, ids)
     n_expert, n, n_used, n_tok, n_b = na[2], na[1], ni[0], ni[1], nb[1]
     w3 = as_.reshape(n_expert, n, na[0]) if isinstance(as_, QTensor) else np.asarray(as_).reshape(n_expert, n, na[0])
     b3 = _activations_f64(b).reshape(n_tok, n_b, nb[0])

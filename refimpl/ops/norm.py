@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import op
+from ._core import current_numerics, op
 from ._shapes import as4, fail
 
 
@@ -36,7 +36,7 @@ def _eps_nonneg(name: str, eps: float, a) -> np.float32:
 
 
 @op("rms_norm")
-def rms_norm(a: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(a: np.ndarray, eps: float, *, numerics: str | None = None) -> np.ndarray:
     """ggml_rms_norm: scale each row (along ne0) to unit root-mean-square.
 
     a    ne [n, r1, r2, r3]   numpy (r3, r2, r1, n)   f32, e.g. (n_tokens, n_embd)
@@ -47,6 +47,9 @@ def rms_norm(a: np.ndarray, eps: float) -> np.ndarray:
     No gain: llama.cpp multiplies by the norm weight with a separate mul.
     As in ggml-cpu, squares are rounded to f32 and summed in f64, mean and scale are f32.
     """
+    if current_numerics(numerics) == "ggml":
+        from .faithful import OPS
+        return OPS["rms_norm"](a, eps)
     (a,) = _f32_input("rms_norm", a=a)
     _rows_contiguous("rms_norm", a=a)
     eps = _eps_nonneg("rms_norm", eps, a)
@@ -147,7 +150,7 @@ def rms_norm_back(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
 # Defined last on purpose: refimpl/ops/__init__.py `_export` rebinds the module-level name `norm` (this
 # module) to this function once it is exported, so ops of this module registered after it would be missed.
 @op("norm")
-def norm(a: np.ndarray, eps: float) -> np.ndarray:
+def norm(a: np.ndarray, eps: float, *, numerics: str | None = None) -> np.ndarray:
     """ggml_norm: layer norm of each row (along ne0), without gain or bias.
 
     a    ne [n, r1, r2, r3]   numpy (r3, r2, r1, n)   f32, e.g. (n_tokens, n_embd)
@@ -163,6 +166,9 @@ def norm(a: np.ndarray, eps: float) -> np.ndarray:
     Rows that are not contiguous (a transposed view) take ggml-cpu's scalar path, which sums the row and the
     squares in f32: up to ~1e-9 NMSE from this for data whose mean is large against its spread.
     """
+    if current_numerics(numerics) == "ggml":
+        from .faithful import OPS
+        return OPS["norm"](a, eps)
     (a,) = _f32_input("norm", a=a)
     eps = _eps_nonneg("norm", eps, a)
     n = a.shape[-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import op
+from ._core import current_numerics, op
 from ._shapes import fail, ne4
 
 # enum values of ggml's rope modes (include/ggml.h GGML_ROPE_TYPE_*)
@@ -191,7 +191,7 @@ def _rope(name, x, pos, freq_factors, n_dims, sections, mode, n_ctx_orig, freq_b
 @op("rope_ext", covers="ROPE")
 def rope_ext(x, pos, freq_factors=None, *, n_dims: int, mode: int = ROPE_TYPE_NORMAL, n_ctx_orig: int = 0,
              freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
-             beta_fast: float = 32.0, beta_slow: float = 1.0):
+             beta_fast: float = 32.0, beta_slow: float = 1.0, numerics: str | None = None):
     """ggml_rope_ext: rotate pairs of the first n_dims dims of each head by position-dependent angles.
 
     x             ne [head_dim, n_head, n_tokens, n]  numpy (n, n_tokens, n_head, head_dim)  f32/f16, rows contiguous
@@ -210,6 +210,11 @@ def rope_ext(x, pos, freq_factors=None, *, n_dims: int, mode: int = ROPE_TYPE_NO
     Exact mode: the cache as ggml builds it (cosf/sinf/powf/logf correctly rounded), each rotated value from
     the f32 cos/sin in f64, rounded once to f32 (then to f16 for f16 x).
     """
+    if current_numerics(numerics) == "ggml":
+        from .faithful import OPS
+        return OPS["rope_ext"](x, pos, freq_factors, n_dims=n_dims, mode=mode, n_ctx_orig=n_ctx_orig,
+                               freq_base=freq_base, freq_scale=freq_scale, ext_factor=ext_factor,
+                               attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow)
     return _rope("rope_ext", x, pos, freq_factors, n_dims, None, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
                  attn_factor, beta_fast, beta_slow, 1.0)
 

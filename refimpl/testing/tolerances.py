@@ -305,7 +305,17 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     **{("mul_mat", t, "ggml-faithful"): Tol(exact=True, why="ggml-cpu's activation conversion and AVX2 vec_dot "
                                            "order (8-lane FMAs, its horizontal sums), FMA rounded once")
        for t in ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K",
-                 "q6_K", "iq4_nl", "iq4_xs")},
+                 "q6_K", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "q1_0", "tq1_0", "tq2_0", "iq2_xxs", "iq2_xs",
+                 "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")},
+    ("rms_norm", "*", "ggml-faithful"): Tol(exact=True, why="sequential f64 sum of squares, as ggml-cpu"),
+    ("norm", "*", "ggml-faithful"): Tol(exact=True, why="sequential f64 row sum; squares pre-added 8 at a time "
+                                        "(hsum_float_8), the scalar f32 path for strided rows"),
+    ("soft_max_ext", "*", "ggml-faithful"): Tol(exact=True, why="AVX2 SIMD exp on 8-lane chunks, libm expf on the "
+                                                "tail, chunk sums in f32, libm powf ALiBi slopes"),
+    ("rope_ext", "*", "ggml-faithful"): Tol(exact=True, why="libm powf/logf/cosf/sinf, GCC's FMA contractions "
+                                            "of the rotation (NORMAL's odd last pair unfused)"),
+    **{(o, "*", "ggml-faithful"): Tol(exact=True, why="AVX2 SIMD silu on 8-lane chunks of each row, libm "
+                                      "expf on the tail (f16: libm throughout)") for o in ("silu", "swiglu")},
     # -- rwkv (tests/models/test_rwkv_*.py): logits and every state array, NMSE per array ----------------------
     ("rwkv.forward", "f32", "rwkv"): Tol(nmse=1e-11, why="vs the rwkv pip package (ChatRWKV, cpu fp32), tiny "
                                          "v4/v5.0/5.1/5.2 models, one call, token by token and split: measured "
@@ -320,6 +330,36 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     ("rwkv.forward", "f32", "rescaled"): Tol(nmse=1e-6, why="rescale_every (weights / 2**(i // R), x halved) "
                                              "vs unscaled: LayerNorm's eps grows 4x per halving; measured max "
                                              "3.7e-7 over 4-layer tiny v4/v5 models with R = 1"),
+    # -- rwkv6 / rwkv7 vs llama.cpp (tests/models/test_rwkv_v6v7.py): tiny GGUFs written by refimpl's converter,
+    # logits of every position x whole vocabulary, one llama_decode (rwkv{6,7}_llamacpp.npz); NMSE
+    ("rwkv.forward", "f32", "llama.cpp"): Tol(nmse=1e-11, why="exact mode, F32 GGUFs: measured 9.9e-14 (rwkv6, "
+                                              "max |d| 3.6e-6), 9.1e-14 (rwkv6 rescale_every=1), 1.5e-13 (rwkv7, "
+                                              "3.7e-6): ggml's f32 sums and AVX2 lanes vs f64 here"),
+    ("rwkv.forward", "f16", "llama.cpp"): Tol(nmse=2e-6, why="exact mode, F16 GGUFs: measured 2.0e-7 (rwkv6, max "
+                                              "|d| 4.8e-3), 4.9e-7 (rwkv7, 6.7e-3): ggml-cpu rounds activations to "
+                                              "f16 before each F16 mat-mul"),
+    **{("rwkv.forward", t, "llama.cpp"): Tol(nmse=2e-3, why=f"exact mode, projections {t}: measured {m}; "
+                                             "ggml-cpu quantizes activations to Q8_0/Q8_1 before each mat-mul")
+       for t, m in (("q8_0", "2.1e-4 (rwkv6), 3.3e-4 (rwkv7)"), ("q5_1", "1.9e-4, 3.9e-4"),
+                    ("q4_0", "1.8e-4, 3.0e-4"))},
+    ("rwkv.forward", "f32", "llama.cpp-ggml"): Tol(nmse=1e-11, why="numerics='ggml', F32: measured 1.1e-13, "
+                                                   "1.8e-13 (the row ops' f64 sums remain)"),
+    ("rwkv.forward", "f16", "llama.cpp-ggml"): Tol(nmse=1e-6, why="numerics='ggml', F16: measured 1.0e-9 "
+                                                   "(rwkv6), 1.9e-7 (rwkv7: its F16 LoRA factors, k = 8, take "
+                                                   "another ggml path than the one emulated)"),
+    **{("rwkv.forward", t, "llama.cpp-ggml"): Tol(nmse=1e-12, why="numerics='ggml', projections quantized: "
+                                                  "measured 8.2e-15 .. 9.1e-15 (max |d| 9.5e-7): the Q8 activation "
+                                                  "blocks emulated, f32 rounding left")
+       for t in ("q8_0", "q5_1", "q4_0")},
+    # mean KL(softmax(F32 logits) || softmax(quantized)) in nats (atol = the bound), tiny_state_dict models with
+    # n_layer 2, n_embd 256, head_size 64, vocab 512, LoRA rank 32, 48 tokens; projections quantized, the rest F32.
+    # Random weights are less robust than trained ones: expect smaller KLs on released models
+    ("rwkv.forward", "q8_0", "kl-f32"): Tol(atol=1e-3, why="measured 3.2e-4 (rwkv6), 4.5e-4 (rwkv7); top-1 "
+                                            "agreement 98%, 96%"),
+    ("rwkv.forward", "q5_1", "kl-f32"): Tol(atol=5e-2, why="measured 1.8e-2 (rwkv6), 1.9e-2 (rwkv7); top-1 "
+                                            "88%, 90%"),
+    ("rwkv.forward", "q4_0", "kl-f32"): Tol(atol=0.25, why="measured 7.3e-2 (rwkv6), 1.0e-1 (rwkv7); top-1 "
+                                            "65%, 77%"),
 }
 
 
