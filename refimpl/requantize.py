@@ -72,6 +72,24 @@ def keep_policy(arch: str | None) -> KeepPolicy:
 register_keep_policy("bert", default_keep)
 register_keep_policy("llama", default_keep)
 
+_RWKV_PROJECTIONS = ("time_mix_key.weight", "time_mix_value.weight", "time_mix_receptance.weight",
+                     "time_mix_gate.weight", "time_mix_output.weight")
+
+
+def rwkv_keep(name: str, shape: tuple) -> str | None:
+    """RWKV 6/7: as the RWKV authors ask (and llama.cpp's quantizer does), only the projection matrices
+    (time-mix key/value/receptance/gate/output, channel-mix key/value/receptance) and the head are quantized;
+    the embedding, norms, decays, bonuses, token-shift mixes and the small LoRA factors stay as they are."""
+    if name in EMBEDDINGS or "_norm" in name:
+        return default_keep(name, shape)
+    if "time_mix_" in name and not name.endswith(_RWKV_PROJECTIONS):
+        return "RWKV mixing/decay parameter"
+    return None
+
+
+register_keep_policy("rwkv6", rwkv_keep)
+register_keep_policy("rwkv7", rwkv_keep)
+
 
 # llama_ftype of a file whose matrices are all of one type (gguf.LlamaFileType values)
 _FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_K": 10, "q3_K": 12,

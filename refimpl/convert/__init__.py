@@ -46,6 +46,9 @@ class Converter:
 
 REGISTRY: list[Converter] = [
     Converter("bert", "bert", model_types=("bert",), architectures=("BertModel", "BertForMaskedLM")),
+    Converter("rwkv", "rwkv", model_types=("rwkv6", "rwkv7"),
+              architectures=("Rwkv6ForCausalLM", "Rwkv7ForCausalLM", "RWKV7ForCausalLM"),
+              detect=lambda p: importlib.import_module(f"{__name__}.rwkv").detect(p)),
 ]
 
 
