@@ -14,7 +14,8 @@ Layout (version 3; 2 is read too, 1 is rejected; all little-endian; docs: GGML_S
 
     "GGUF"  u32 version  i64 n_tensors  i64 n_kv
     n_kv x      key: u64 len + utf-8 bytes   i32 value_type   value
-                (an array value is i32 elem_type, u64 count, count elements; no arrays of arrays)
+                (an array value is i32 elem_type, u64 count, count elements; no arrays of arrays;
+                a BOOL is one byte, 0 or 1)
     n_tensors x name: u64 len + bytes (< 64)   u32 n_dims (<= 4)   n_dims x i64 ne   i32 ggml_type
                 u64 offset (from the start of the data section)
     zero padding to `general.alignment` (u32, a power of two, default 32), then the data section: each
@@ -30,7 +31,12 @@ are decoded as UTF-8 with `surrogateescape`, so invalid bytes survive a round tr
 
 Every check ggml's `gguf_init_from_file` makes (and llama.cpp's "tensor data within file bounds") is
 made before anything large is allocated, and a failure raises `GGUFError` naming the file, the header
-field / key / tensor, what was found and what was expected.
+field / key / tensor, what was found and what was expected. Every count and length is checked against
+the bytes left in the file before it is used, so a hostile file costs at most about 40 bytes of Python
+objects per byte of file (an array of one-byte integers becomes a list), and every tensor view lies
+inside the file (reading a tensor can never fault on the map). tests/robust/test_fuzz_gguf.py mutates
+files to hold the reader to this. `check_tokenizer_metadata` checks the `tokenizer.*` keys' types and
+lengths before a tokenizer is built from them.
 
 Writing. `save` goes through `gguf.GGUFWriter` (a tiny subclass only adds empty arrays, which GGUF
 allows and GGUFWriter refuses). A value's GGUF type comes from `value_types[key]` when given (what
@@ -71,7 +77,8 @@ from gguf.quants import quant_shape_to_byte_shape
 from .qtensor import QTensor
 from .types import NUMPY_DTYPES, GGMLType, traits, type_traits
 
-__all__ = ["GGUFError", "GGUFFile", "TensorInfo", "load", "save", "GGUFValueType", "SUPPORTED_VERSIONS"]
+__all__ = ["GGUFError", "GGUFFile", "TensorInfo", "load", "save", "GGUFValueType", "SUPPORTED_VERSIONS",
+           "check_tokenizer_metadata"]
 
 SUPPORTED_VERSIONS = (2, GGUF_VERSION)   # what ggml reads; version 1 used 32-bit counts and is refused
 GGML_MAX_DIMS = 4
@@ -83,10 +90,11 @@ _MIN_KV_BYTES = 8 + 4 + 1                # key length, value type, the smallest 
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8   # name length, n_dims, ggml type, offset
 
 _T = GGUFValueType
-# value type -> (struct format, NumPy dtype); BOOL is an int8 that ggml reads as `!= 0`
+# value type -> (struct format, NumPy dtype); BOOL is one byte, 0 or 1 (the GGUF spec calls any other value
+# invalid and this reader refuses it; ggml reads it as `!= 0`)
 _FIXED = {
     _T.UINT8: ("<B", "<u1"), _T.INT8: ("<b", "<i1"), _T.UINT16: ("<H", "<u2"), _T.INT16: ("<h", "<i2"),
-    _T.UINT32: ("<I", "<u4"), _T.INT32: ("<i", "<i4"), _T.FLOAT32: ("<f", "<f4"), _T.BOOL: ("<b", "<i1"),
+    _T.UINT32: ("<I", "<u4"), _T.INT32: ("<i", "<i4"), _T.FLOAT32: ("<f", "<f4"), _T.BOOL: ("<B", "<u1"),
     _T.UINT64: ("<Q", "<u8"), _T.INT64: ("<q", "<i8"), _T.FLOAT64: ("<d", "<f8"),
 }
 _STRUCTS = {t: struct.Struct(fmt) for t, (fmt, _) in _FIXED.items()}
@@ -209,7 +217,12 @@ class _Parser:
         if vt == _T.STRING:
             return self.string(where, "string value")
         v = self.unpack(_STRUCTS[vt], where, f"{vt.name} value")
-        return v != 0 if vt == _T.BOOL else v
+        if vt == _T.BOOL:
+            if v not in (0, 1):
+                self.fail(where, f"BOOL value {v} at offset {self.pos - 1}; expected 0 or 1 (the GGUF spec calls "
+                                 f"any other byte invalid; ggml would read it as true)")
+            return v == 1
+        return v
 
     def array(self, where: str):
         et = self.value_type(where, "array element type")
@@ -228,8 +241,15 @@ class _Parser:
             self.fail(where, f"array of {n} {et.name} ({n * dt.itemsize} bytes) exceeds the {left} bytes "
                              f"left in the file; expected a count that fits the file")
         a = np.frombuffer(self.mm, dt, count=n, offset=self.pos)
+        if et == _T.BOOL:
+            bad = np.flatnonzero(a > 1)
+            if bad.size:
+                self.fail(where, f"BOOL array element {bad[0]} is {a[bad[0]]} (offset "
+                                 f"{self.pos + bad[0]}); expected 0 or 1 (the GGUF spec calls any other byte "
+                                 f"invalid; ggml would read it as true)")
+            a = a != 0
         self.pos += n * dt.itemsize
-        return et, ((a != 0) if et == _T.BOOL else a).tolist()
+        return et, a.tolist()
 
     def _strings(self, n: int, where: str) -> list:
         # the hot loop of a load: ~100k tokens and merges in a llama vocabulary
@@ -407,6 +427,102 @@ def _view(data: np.ndarray, t: GGMLType, ne: tuple, start: int, nbytes: int):
     shape = shape or (1,)   # a 0-dim bf16 tensor: a QTensor needs its row axis
     tr = traits(t)
     return QTensor(t, raw.reshape(shape[:-1] + (shape[-1] // tr.blck_size * tr.type_size,)), shape)
+
+
+# -- the tokenizer keys -------------------------------------------------------------------------------
+
+_TOKEN_TYPES = range(7)   # llama_token_type: UNDEFINED NORMAL UNKNOWN CONTROL USER_DEFINED UNUSED BYTE
+_TOKENIZER_SCALARS = {   # key suffix -> (what, test)
+    "model": ("a string", lambda v: isinstance(v, str)),
+    "pre": ("a string", lambda v: isinstance(v, str)),
+    "token_type_count": ("an integer >= 0", lambda v: _is_int(v) and v >= 0),
+    **{f"add_{x}": ("a bool", lambda v: isinstance(v, bool))
+       for x in ("bos_token", "eos_token", "sep_token", "space_prefix")},
+    "remove_extra_whitespaces": ("a bool", lambda v: isinstance(v, bool)),
+}
+
+
+def _valid_utf8(t: str) -> bool:
+    try:
+        t.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def check_tokenizer_metadata(metadata, path="GGUF") -> None:
+    """Check the `tokenizer.*` keys of a GGUF file (or its metadata dict) before a tokenizer is built.
+
+    The types are the GGUF spec's (and what llama.cpp's loader insists on): `tokenizer.ggml.tokens` a
+    non-empty array of strings, `scores` an array of numbers and `token_type` an array of integers in
+    0..6 (llama_token_type), both as long as `tokens`; `merges` and `added_tokens` arrays of strings;
+    every `*_token_id` an integer; `add_bos_token` and the other switches bools; `model`, `pre` and
+    `tokenizer.chat_template` strings; for a byte-level BPE ("gpt2") vocabulary, tokens and merges valid
+    UTF-8. Raises GGUFError naming the key, the value found and what was expected. Like llama.cpp, it
+    accepts a special-token id outside the vocabulary (the tokenizer ignores it) and a merge without a
+    space (it merges nothing).
+    """
+    if isinstance(metadata, GGUFFile):
+        path, metadata = metadata.path, metadata.metadata
+
+    def fail(key, found, expected):
+        shown = repr(found)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise GGUFError(path, f"metadata key {key!r}", f"{shown}; expected {expected}")
+
+    def array_of(key, test, what, *, n=None, nonempty=False):
+        v = metadata.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            fail(key, v, f"an array of {what}")
+        if nonempty and not v:
+            fail(key, v, f"a non-empty array of {what}")
+        for i, x in enumerate(v):
+            if not test(x):
+                raise GGUFError(path, f"metadata key {key!r}", f"element {i} is {x!r} ({type(x).__name__}); "
+                                                               f"expected an array of {what}")
+        if n is not None and len(v) != n:
+            raise GGUFError(path, f"metadata key {key!r}", f"has {len(v)} elements; expected {n}, one per "
+                                                           f"token of tokenizer.ggml.tokens")
+        return v
+
+    tokens = array_of("tokenizer.ggml.tokens", lambda x: isinstance(x, str), "strings", nonempty=True)
+    n = None if tokens is None else len(tokens)
+    array_of("tokenizer.ggml.scores", lambda x: isinstance(x, numbers.Real) and not isinstance(x, bool),
+             "numbers", n=n)
+    array_of("tokenizer.ggml.token_type", lambda x: _is_int(x) and x in _TOKEN_TYPES,
+             "integers in 0..6 (llama_token_type)", n=n)
+    merges = array_of("tokenizer.ggml.merges", lambda x: isinstance(x, str), "strings ('left right')")
+    array_of("tokenizer.ggml.added_tokens", lambda x: isinstance(x, str), "strings")
+    if metadata.get("tokenizer.ggml.model") == "gpt2":
+        # byte-level BPE texts are GPT-2's byte alphabet: always valid UTF-8 (the reader keeps invalid
+        # bytes as lone surrogates, which no BPE implementation can take)
+        for key, texts in (("tokenizer.ggml.tokens", tokens), ("tokenizer.ggml.merges", merges)):
+            try:
+                "".join(texts or ()).encode("utf-8")
+            except UnicodeEncodeError:
+                i = next(i for i, t in enumerate(texts) if not _valid_utf8(t))
+                raise GGUFError(path, f"metadata key {key!r}", f"element {i} ({texts[i]!r}) is not valid UTF-8; "
+                                                               f"expected the text of a byte-level BPE vocabulary")
+    for key, v in metadata.items():
+        if not key.startswith("tokenizer."):
+            continue
+        if key == "tokenizer.chat_template" or key.startswith("tokenizer.chat_template."):
+            if not isinstance(v, str):
+                fail(key, v, "a string (a Jinja template)")
+        elif key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+            if not _is_int(v):
+                fail(key, v, "an integer token id")
+        elif key.startswith("tokenizer.ggml.") and key[len("tokenizer.ggml."):] in _TOKENIZER_SCALARS:
+            what, test = _TOKENIZER_SCALARS[key[len("tokenizer.ggml."):]]
+            if not test(v):
+                fail(key, v, what)
 
 
 # -- writing ------------------------------------------------------------------------------------------

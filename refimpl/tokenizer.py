@@ -391,7 +391,7 @@ class Tokenizer:
         if tid is None:
             tid = self.token_to_id.get(chr(b)) if b < 0x80 else None
         if tid is None:
-            raise KeyError(f"vocabulary has no byte token <0x{b:02X}>")
+            raise ValueError(f"the vocabulary has no byte token <0x{b:02X}> to fall back to for byte {b}")
         return tid
 
     # ---- decoding -----------------------------------------------------------------------------
@@ -481,9 +481,11 @@ def from_gguf(src) -> Tokenizer:
     if isinstance(src, (str, bytes, PathLike)):
         from . import gguf
         src = gguf.load(src)
+    from .gguf import check_tokenizer_metadata
     kv = src if isinstance(src, dict) else src.metadata
     if "tokenizer.ggml.tokens" not in kv:
         raise ValueError("GGUF has no tokenizer.ggml.tokens: no vocabulary to build a tokenizer from")
+    check_tokenizer_metadata(kv, getattr(src, "path", "GGUF"))     # types and lengths, before anything is built
     model = kv.get("tokenizer.ggml.model", "llama")
     if model == "bert":                                      # WordPiece (BERT family)
         from .wordpiece import WordPieceTokenizer

@@ -14,6 +14,8 @@ ffn_down(silu(ffn_gate x) * ffn_up x) -> residual; output_norm, then output (or 
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,7 +23,9 @@ import numpy as np
 
 from .. import gguf as _gguf
 from ..ops import add, get_rows, mul, mul_mat, rms_norm, rope_ext, soft_max_ext, swiglu
+from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
+from ..types import GGMLType, traits
 
 A = Any  # np.ndarray or QTensor
 
@@ -54,12 +58,17 @@ class HParams:
     rope_mode: int
 
     @classmethod
-    def from_gguf(cls, kv: dict, n_vocab: int) -> "HParams":
+    def from_gguf(cls, kv: dict, n_vocab: int, where="GGUF") -> "HParams":
+        """Hyper-parameters from GGUF metadata; n_vocab is used when `{arch}.vocab_size` is absent.
+
+        Every value is checked (type, range, divisibility) and a bad one raises ValueError naming `where`
+        (the file), the key, the value found and what was expected."""
         arch = kv.get("general.architecture")
         if arch is None:
-            raise ValueError("GGUF metadata has no general.architecture")
-        if arch not in ROPE_MODE:
-            raise ValueError(f"architecture {arch!r} is not a llama-family model refimpl runs "
+            raise ValueError(f"{where}: GGUF metadata has no general.architecture; expected one of "
+                             f"{sorted(ROPE_MODE)}")
+        if not isinstance(arch, str) or arch not in ROPE_MODE:
+            raise ValueError(f"{where}: architecture {arch!r} is not a llama-family model refimpl runs "
                              f"(known: {sorted(ROPE_MODE)})")
 
         def g(key, *default):
@@ -68,26 +77,56 @@ class HParams:
                 return kv[full]
             if default:
                 return default[0]
-            raise ValueError(f"GGUF metadata is missing {full!r}")
+            raise ValueError(f"{where}: GGUF metadata is missing {full!r}")
 
-        n_embd, n_head = int(g("embedding_length")), int(g("attention.head_count"))
-        n_head_kv = int(g("attention.head_count_kv", n_head))
-        if n_head <= 0 or n_embd % n_head:
-            raise ValueError(f"{arch}.attention.head_count {n_head} does not divide embedding_length {n_embd}")
-        if n_head_kv <= 0 or n_head % n_head_kv:
-            raise ValueError(f"{arch}.attention.head_count_kv {n_head_kv} does not divide head_count {n_head}")
-        head_dim = int(g("attention.key_length", n_embd // n_head))
+        def bad(key, v, expected):
+            return ValueError(f"{where}: {arch}.{key} is {v!r} ({type(v).__name__}); expected {expected}")
+
+        def count(key, *default, lo=1):
+            v = g(key, *default)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < lo:
+                raise bad(key, v, f"an integer >= {lo}")
+            return int(v)
+
+        def real(key, *default, lo=None, above=None):
+            v = g(key, *default)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or not math.isfinite(v) \
+                    or (lo is not None and v < lo) or (above is not None and v <= above):
+                rng = f" >= {lo}" if lo is not None else f" > {above}" if above is not None else ""
+                raise bad(key, v, f"a finite number{rng}")
+            return float(v)
+
+        n_embd, n_head = count("embedding_length"), count("attention.head_count")
+        n_head_kv = count("attention.head_count_kv", n_head)
+        if n_embd % n_head:
+            raise ValueError(f"{where}: {arch}.attention.head_count {n_head} does not divide embedding_length {n_embd}")
+        if n_head % n_head_kv:
+            raise ValueError(f"{where}: {arch}.attention.head_count_kv {n_head_kv} does not divide head_count {n_head}")
+        head_dim = count("attention.key_length", n_embd // n_head)
+        v_dim = count("attention.value_length", head_dim)
+        if v_dim != head_dim:
+            raise ValueError(f"{where}: {arch}.attention.value_length {v_dim} differs from key_length {head_dim}; "
+                             f"expected them equal (this graph uses one head size for K and V)")
         n_ff = g("feed_forward_length")
         if isinstance(n_ff, list):          # per-layer lengths: llama-family models here use one value
-            n_ff = max(n_ff)
+            if not n_ff or any(x != n_ff[0] for x in n_ff):
+                raise bad("feed_forward_length", n_ff, "an integer, or a per-layer list of one repeated value")
+            n_ff = n_ff[0]
+        if isinstance(n_ff, (bool, np.bool_)) or not isinstance(n_ff, numbers.Integral) or n_ff < 1:
+            raise bad("feed_forward_length", n_ff, "an integer >= 1")
+        n_rot = count("rope.dimension_count", head_dim)
+        if n_rot % 2 or n_rot > head_dim:
+            raise ValueError(f"{where}: {arch}.rope.dimension_count is {n_rot}; expected an even number <= the "
+                             f"head size {head_dim} (RoPE rotates pairs within a head)")
         scaling = g("rope.scaling.type", "none")
-        factor = float(g("rope.scaling.factor", 1.0) or 1.0)
         if scaling not in ("none", "linear"):
-            raise ValueError(f"{arch}.rope.scaling.type {scaling!r} is not supported yet (only none/linear)")
-        return cls(arch=arch, n_vocab=int(g("vocab_size", n_vocab)), n_ctx_train=int(g("context_length", 0)),
-                   n_embd=n_embd, n_layer=int(g("block_count")), n_head=n_head, n_head_kv=n_head_kv,
-                   head_dim=head_dim, n_ff=int(n_ff), n_rot=int(g("rope.dimension_count", head_dim)),
-                   rms_eps=float(g("attention.layer_norm_rms_epsilon")), rope_base=float(g("rope.freq_base", 10000.0)),
+            raise ValueError(f"{where}: {arch}.rope.scaling.type {scaling!r} is not supported yet (only none/linear)")
+        factor = real("rope.scaling.factor", 1.0, lo=0.0) or 1.0      # 0 means "not set", as in llama.cpp
+        return cls(arch=arch, n_vocab=count("vocab_size", n_vocab), n_ctx_train=count("context_length", 0, lo=0),
+                   n_embd=n_embd, n_layer=count("block_count"), n_head=n_head, n_head_kv=n_head_kv,
+                   head_dim=head_dim, n_ff=int(n_ff), n_rot=n_rot,
+                   rms_eps=real("attention.layer_norm_rms_epsilon", lo=0.0),
+                   rope_base=real("rope.freq_base", 10000.0, above=0.0),
                    rope_freq_scale=1.0 / factor if scaling == "linear" else 1.0, rope_mode=ROPE_MODE[arch])
 
 
@@ -120,19 +159,42 @@ class LlamaModel:
     path: str = ""
 
 
-def _tensor(f, name: str, shape: tuple, path) -> A:
+def _shapes(shape) -> str:
+    """A NumPy shape in both orders: 'ne [n_embd, n_vocab] (numpy (n_vocab, n_embd))'."""
+    return f"ne {list(shape)[::-1]} (numpy {tuple(shape)})"
+
+
+_MATRIX_TYPES = "F32, F16, BF16 or a block type with a CPU vec_dot (mul_mat's src0)"
+
+
+def _tensor(f, name: str, shape: tuple, path, kind: str = "matrix", required: bool = True) -> A:
+    """The tensor `name` of GGUFFile f, checked: present (unless not required), of NumPy shape `shape`, and of
+    a type the graph can use it as: a "matrix" (mul_mat / get_rows src0) or a "vector" (norm gain or bias,
+    the f32 src1 of mul / add). Raises ValueError naming the file, the tensor and both shape orders."""
     t = f.tensors.get(name)
     if t is None:
-        raise ValueError(f"{path}: tensor {name!r} is missing")
+        if not required:
+            return None
+        raise ValueError(f"{path}: tensor {name!r} is missing; expected {_shapes(shape)}")
     if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{path}: tensor {name!r} has ne {list(t.shape[::-1])} (numpy {tuple(t.shape)}), "
-                         f"expected ne {list(shape[::-1])} (numpy {tuple(shape)})")
+        raise ValueError(f"{path}: tensor {name!r} has {_shapes(t.shape)}, expected {_shapes(shape)}")
+    tt = ggml_type(t)
+    if kind == "matrix" and tt not in VEC_DOT_TYPE:
+        raise ValueError(f"{path}: tensor {name!r} has type {traits(tt).name}; expected {_MATRIX_TYPES}")
+    if kind == "vector" and tt != GGMLType.F32:
+        raise ValueError(f"{path}: tensor {name!r} has type {traits(tt).name}; expected f32 (a norm weight or "
+                         f"bias is the f32 src1 of mul / add)")
     return t
 
 
 def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, progress=None) -> LlamaModel:
     """Load a llama-family GGUF: hyper-parameters from metadata, weights as memory-mapped views
     (ndarrays / QTensors, never dequantized here).
+
+    Everything is checked before a model is returned: the hyper-parameters (`HParams.from_gguf`), the
+    vocabulary size (`{arch}.vocab_size`, the number of `tokenizer.ggml.tokens` and token_embd's rows must
+    agree, as llama.cpp sizes token_embd from the vocabulary), and every tensor's presence, shape and type;
+    a failure is a ValueError naming the file, the key or tensor, and shapes in ggml and NumPy order.
 
     dequantize_weights=True trades memory for speed: every matrix is dequantized once to f32 at load
     (SmolLM2-135M: about 0.6 GB) instead of TILE_ROWS rows at a time in every mul_mat. Results are
@@ -142,24 +204,44 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
     kv = f.metadata
     emb = f.tensors.get("token_embd.weight")
     if emb is None:
-        raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
-    hp = HParams.from_gguf(kv, emb.shape[0])
-    if emb.shape != (hp.n_vocab, hp.n_embd):
-        raise ValueError(f"{path}: token_embd.weight has numpy shape {tuple(emb.shape)}, metadata says "
-                         f"vocab {hp.n_vocab} x embd {hp.n_embd}")
+        raise ValueError(f"{path}: tensor 'token_embd.weight' is missing; expected ne [n_embd, n_vocab] "
+                         f"(numpy (n_vocab, n_embd))")
+    if len(emb.shape) != 2:
+        raise ValueError(f"{path}: tensor 'token_embd.weight' has {_shapes(emb.shape)}; expected 2 dims, "
+                         f"ne [n_embd, n_vocab] (numpy (n_vocab, n_embd))")
+    tokens = kv.get("tokenizer.ggml.tokens")
+    hp = HParams.from_gguf(kv, emb.shape[0], where=path)
+    vocab = {f"{hp.arch}.vocab_size": hp.n_vocab}
+    if isinstance(tokens, list):
+        vocab["tokenizer.ggml.tokens"] = len(tokens)
+    for src, n in vocab.items():
+        if emb.shape[0] != n:
+            raise ValueError(f"{path}: tensor 'token_embd.weight' has {_shapes(emb.shape)}: {emb.shape[0]} rows, "
+                             f"but {src} gives a vocabulary of {n} tokens; expected {_shapes((n, hp.n_embd))}")
+    _tensor(f, "token_embd.weight", (hp.n_vocab, hp.n_embd), path)
     n_q, n_kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
     layers = []
     for i in range(hp.n_layer):
         p = f"blk.{i}."
-        t = lambda n, s: _tensor(f, p + n, s, path)   # noqa: E731
+        t = lambda n, s, kind="matrix": _tensor(f, p + n, s, path, kind)   # noqa: E731
+        biases = {x: p + f"attn_{x}.bias" for x in "qkv"}
+        have = [name for name in biases.values() if name in f.tensors]
+        if have and len(have) != 3:
+            missing = [name for name in biases.values() if name not in f.tensors]
+            raise ValueError(f"{path}: tensor {have[0]!r} is present but {missing[0]!r} is missing; expected the "
+                             f"Q, K and V biases together or none")
         layers.append(Layer(
-            attn_norm=t("attn_norm.weight", (hp.n_embd,)), attn_q=t("attn_q.weight", (n_q, hp.n_embd)),
+            attn_norm=t("attn_norm.weight", (hp.n_embd,), "vector"), attn_q=t("attn_q.weight", (n_q, hp.n_embd)),
             attn_k=t("attn_k.weight", (n_kv, hp.n_embd)), attn_v=t("attn_v.weight", (n_kv, hp.n_embd)),
-            attn_output=t("attn_output.weight", (hp.n_embd, n_q)), ffn_norm=t("ffn_norm.weight", (hp.n_embd,)),
+            attn_output=t("attn_output.weight", (hp.n_embd, n_q)),
+            ffn_norm=t("ffn_norm.weight", (hp.n_embd,), "vector"),
             ffn_gate=t("ffn_gate.weight", (hp.n_ff, hp.n_embd)), ffn_up=t("ffn_up.weight", (hp.n_ff, hp.n_embd)),
             ffn_down=t("ffn_down.weight", (hp.n_embd, hp.n_ff)),
-            bq=f.tensors.get(p + "attn_q.bias"), bk=f.tensors.get(p + "attn_k.bias"),
-            bv=f.tensors.get(p + "attn_v.bias")))
+            bq=t("attn_q.bias", (n_q,), "vector") if have else None,
+            bk=t("attn_k.bias", (n_kv,), "vector") if have else None,
+            bv=t("attn_v.bias", (n_kv,), "vector") if have else None))
+    _tensor(f, "output.weight", (hp.n_vocab, hp.n_embd), path, required=False)
+    output_norm = _tensor(f, "output_norm.weight", (hp.n_embd,), path, "vector")
     output = f.tensors.get("output.weight", emb)
     if dequantize_weights:
         from ..qtensor import dequantize
@@ -176,9 +258,9 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
     tok = None
     if tokenizer and "tokenizer.ggml.model" in kv:
         from ..tokenizer import from_gguf
+        _gguf.check_tokenizer_metadata(kv, path)
         tok = from_gguf(f)
-    return LlamaModel(hp, emb, _tensor(f, "output_norm.weight", (hp.n_embd,), path), output, layers, tok, kv,
-                      str(path))
+    return LlamaModel(hp, emb, output_norm, output, layers, tok, kv, str(path))
 
 
 class KVCache:

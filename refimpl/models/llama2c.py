@@ -45,6 +45,12 @@ export.py writes as is (run.c's `matmul(xout, x, w, n, d)` reads W as (d, n) row
 
 with kv_dim = n_kv_heads * head_size, head_size = dim / n_heads.
 
+Malformed files raise `Llama2cError` (a ValueError) naming the file and the header field, weight or token
+at fault, before anything is allocated: every header field is checked (positive, heads dividing dim, kv heads
+dividing heads, an even head size, the shared_classifier flag 0 or 1, version 2's group_size dividing dim) and
+the file size must equal exactly what the header implies (computed with Python integers, so huge fields cannot
+overflow into a size that matches).
+
 Verified against karpathy/llama2.c at 350e04f: export.py (legacy_export, version1_export, version2_export),
 run.c (read_checkpoint, memory_map_weights, forward, build_tokenizer, encode, decode), runq.c
 (read_checkpoint, memory_map_weights, init_quantized_tensors, dequantize) and tokenizer.py (export).
@@ -54,6 +60,7 @@ from __future__ import annotations
 
 import codecs
 import heapq
+import math
 import re
 import struct
 from dataclasses import dataclass, field
@@ -71,7 +78,16 @@ RMS_EPS = 1e-5                # run.c's rmsnorm: ss / size + 1e-5f
 ROPE_BASE = 10000.0           # run.c: powf(10000.0f, head_dim / (float)head_size)
 
 __all__ = ["Config", "Checkpoint", "read_checkpoint", "load", "hparams", "Llama2cTokenizer", "load_tokenizer",
-           "is_gguf", "MAGIC"]
+           "is_gguf", "MAGIC", "Llama2cError"]
+
+
+class Llama2cError(ValueError):
+    """A malformed llama2.c checkpoint or tokenizer.bin. `path` is the file, `field` the header field, weight
+    or token at fault (None when the whole file is, e.g. its size)."""
+
+    def __init__(self, path, message: str, field: str | None = None):
+        self.path, self.field = str(path), field
+        super().__init__(f"{path}: {message}")
 
 
 @dataclass(frozen=True)
@@ -113,22 +129,23 @@ def is_gguf(path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def _bad(path, what: str) -> ValueError:
-    return ValueError(f"{path}: {what}")
+def _bad(path, what: str, field: str | None = None) -> Llama2cError:
+    return Llama2cError(path, what, field)
 
 
 def _validate(path, cfg: dict, where: str) -> None:
     for name in CONFIG_FIELDS:
         v = cfg[name]
         if v <= 0:
-            raise _bad(path, f"{where}{name} = {v}: must be positive")
+            raise _bad(path, f"{where}{name} = {v}: must be positive", name)
     if cfg["dim"] % cfg["n_heads"]:
-        raise _bad(path, f"{where}n_heads = {cfg['n_heads']} does not divide dim = {cfg['dim']}")
+        raise _bad(path, f"{where}n_heads = {cfg['n_heads']} does not divide dim = {cfg['dim']}", "n_heads")
     if cfg["n_heads"] % cfg["n_kv_heads"]:
-        raise _bad(path, f"{where}n_kv_heads = {cfg['n_kv_heads']} does not divide n_heads = {cfg['n_heads']}")
+        raise _bad(path, f"{where}n_kv_heads = {cfg['n_kv_heads']} does not divide n_heads = {cfg['n_heads']}",
+                   "n_kv_heads")
     if (cfg["dim"] // cfg["n_heads"]) % 2:
         raise _bad(path, f"{where}head size dim / n_heads = {cfg['dim'] // cfg['n_heads']} is odd: RoPE "
-                         f"rotates pairs")
+                         f"rotates pairs", "n_heads")
 
 
 def _layout(c: Config, version: int, shared: bool) -> list[tuple[str, tuple]]:
@@ -147,13 +164,17 @@ def _layout(c: Config, version: int, shared: bool) -> list[tuple[str, tuple]]:
 
 def read_checkpoint(path) -> Checkpoint:
     """Parse and validate a llama2.c checkpoint of version 0, 1 or 2; weights stay memory-mapped
-    (version 2's int8 matrices are dequantized). Raises ValueError naming the file and the field."""
+    (version 2's int8 matrices are dequantized). Raises Llama2cError (a ValueError) naming the file and
+    the field."""
     path = str(path)
     size = Path(path).stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(HEADER_BYTES)
+    if head[:4] == b"GGUF":
+        raise _bad(path, "is a GGUF file, not a llama2.c checkpoint; load it with refimpl.models.llama.load",
+                   "magic")
     if size < 28:
         raise _bad(path, f"file size {size} bytes is too small for a llama2.c header (28 bytes at least)")
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    head = bytes(raw[:min(size, HEADER_BYTES)])
     magic = struct.unpack_from("<I", head, 0)[0]
     group_size = None
     if magic == MAGIC:
@@ -161,11 +182,11 @@ def read_checkpoint(path) -> Checkpoint:
             raise _bad(path, f"file size {size} bytes is smaller than the {HEADER_BYTES}-byte version 1/2 header")
         version = struct.unpack_from("<i", head, 4)[0]
         if version not in (1, 2):
-            raise _bad(path, f"version = {version}: only llama2.c versions 0, 1 and 2 are known")
+            raise _bad(path, f"version = {version}: only llama2.c versions 0, 1 and 2 are known", "version")
         vals = dict(zip(CONFIG_FIELDS, struct.unpack_from("<7i", head, 8)))
         flag = head[36]
         if flag not in (0, 1):
-            raise _bad(path, f"shared_classifier flag = {flag}: must be 0 or 1")
+            raise _bad(path, f"shared_classifier flag = {flag}: must be 0 or 1", "shared_classifier")
         shared = bool(flag)
         where = f"version {version} header field "
         _validate(path, vals, where)
@@ -173,7 +194,7 @@ def read_checkpoint(path) -> Checkpoint:
             group_size = struct.unpack_from("<i", head, 37)[0]
             if group_size <= 0 or vals["dim"] % group_size:
                 raise _bad(path, f"{where}group_size = {group_size}: must be positive and divide dim = "
-                                 f"{vals['dim']}")
+                                 f"{vals['dim']}", "group_size")
         offset = HEADER_BYTES
     else:
         version = 0
@@ -185,8 +206,8 @@ def read_checkpoint(path) -> Checkpoint:
     cfg = Config(**vals)
     layout = _layout(cfg, version, shared)
 
-    def numel(shape):
-        return int(np.prod(shape, dtype=np.int64))
+    def numel(shape):   # Python integers: a product of huge header fields must not wrap around
+        return math.prod(shape)
 
     if version == 2:
         # norms (the first three) are f32; every other entry is q int8 + s f32, one pair per layer
@@ -200,6 +221,7 @@ def read_checkpoint(path) -> Checkpoint:
                          f"{f', group_size={group_size}' if group_size else ''} needs {offset + need} bytes"
                          f"{' (truncated?)' if size < offset + need else ''}")
 
+    raw = np.memmap(path, dtype=np.uint8, mode="r")   # only now: every view below lies inside the file
     tensors = {}
     for k, (name, shape) in enumerate(layout):
         n = numel(shape)
@@ -425,31 +447,35 @@ class Llama2cStream:
 def load_tokenizer(path, n_vocab: int | None = None) -> Llama2cTokenizer:
     """Read llama2.c's tokenizer.bin. n_vocab (the checkpoint's vocab_size), when given, must equal the
     number of tokens in the file (run.c reads vocab_size entries and ignores the rest; a mismatch almost
-    always means the tokenizer of another model, e.g. the 32000-token tokenizer.bin with a tok512 model)."""
+    always means the tokenizer of another model, e.g. the 32000-token tokenizer.bin with a tok512 model).
+    A malformed file raises Llama2cError (a ValueError) naming the file and the token at fault."""
     path = str(path)
     data = Path(path).read_bytes()
+    if data[:4] == b"GGUF":
+        raise _bad(path, "is a GGUF file, not a llama2.c tokenizer.bin; use refimpl.tokenizer.from_gguf", "magic")
     if len(data) < 4:
-        raise ValueError(f"{path}: file size {len(data)} bytes is too small for tokenizer.bin's max_token_length")
+        raise _bad(path, f"file size {len(data)} bytes is too small for tokenizer.bin's max_token_length")
     max_len = struct.unpack_from("<I", data, 0)[0]
     if max_len <= 0 or max_len > 1 << 20:
-        raise ValueError(f"{path}: max_token_length = {max_len} is not a plausible token length")
+        raise _bad(path, f"max_token_length = {max_len} is not a plausible token length (1 .. 2**20)",
+                   "max_token_length")
     pieces, scores, off = [], [], 4
     while off < len(data):
         i = len(pieces)
         if off + 8 > len(data):
-            raise ValueError(f"{path}: token {i}: truncated score/length at byte {off} (file size {len(data)})")
+            raise _bad(path, f"token {i}: truncated score/length at byte {off} (file size {len(data)})", f"token {i}")
         score, n = struct.unpack_from("<fi", data, off)
         if n < 0 or n > max_len:
-            raise ValueError(f"{path}: token {i}: length = {n} is outside [0, max_token_length = {max_len}]")
+            raise _bad(path, f"token {i}: length = {n} is outside [0, max_token_length = {max_len}]", f"token {i}")
         if off + 8 + n > len(data):
-            raise ValueError(f"{path}: token {i}: truncated piece ({n} bytes at byte {off + 8}, file size "
-                             f"{len(data)})")
+            raise _bad(path, f"token {i}: truncated piece ({n} bytes at byte {off + 8}, file size {len(data)})",
+                       f"token {i}")
         pieces.append(data[off + 8:off + 8 + n])
         scores.append(score)
         off += 8 + n
     if n_vocab is not None and len(pieces) != n_vocab:
-        raise ValueError(f"{path}: has {len(pieces)} tokens but the checkpoint's vocab_size is {n_vocab}: "
-                         f"pass the tokenizer the model was trained with (-k)")
+        raise _bad(path, f"has {len(pieces)} tokens but the checkpoint's vocab_size is {n_vocab}: pass the "
+                         f"tokenizer the model was trained with (-k)", "vocab_size")
     if len(pieces) < 3:
-        raise ValueError(f"{path}: {len(pieces)} tokens; llama2.c needs at least unk, BOS, EOS (ids 0, 1, 2)")
+        raise _bad(path, f"{len(pieces)} tokens; llama2.c needs at least unk, BOS, EOS (ids 0, 1, 2)", "vocab_size")
     return Llama2cTokenizer(pieces, scores, max_len, path)
