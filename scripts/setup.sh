@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install refimpl with the extras named in $1 (e.g. "test"), idempotently.
-# ggml-python (the golden oracle) is built from source portably: AVX2/FMA/F16C, no AVX-512, no
-# native flags -- the profile every golden value in this repository was produced with.
+# ggml-python (the golden oracle) and llama-cpp-python (for refimpl compare) are built from source portably:
+# AVX2/FMA/F16C, no AVX-512, no AMX, no native flags -- the profile every golden value here was produced with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -18,6 +18,12 @@ if [ ! -f "$stamp" ]; then
   if [ "$need_ggml" = 1 ] && ! .venv/bin/python -c "import ggml" 2>/dev/null; then
     # built from its sdist with the flags above, never from a wheel cached from another build
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir --no-binary ggml-python ggml-python==0.0.45
+  fi
+  if [ "$need_ggml" = 1 ] && ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+    # llama.cpp for refimpl compare and its tests: the same portable profile, AMX off (its AMX paths crash here)
+    CMAKE_ARGS="$CMAKE_ARGS -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF \
+-DLLAMA_BUILD_EXAMPLES=OFF" .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir \
+      --no-binary llama-cpp-python llama-cpp-python==0.3.36
   fi
   .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
   touch "$stamp"
