@@ -1,0 +1,311 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Quantization, byte by byte
+#
+# A quantized ggml tensor is a run of fixed-size **blocks**: 32 or 256 values stored as small integers
+# plus one or a few scales. refimpl holds the raw blocks (`refimpl.QTensor`) and decodes them bit for bit
+# as ggml does. This notebook takes three formats apart by hand (Q4_0, Q8_0, Q4_K), checks every decoded
+# value against `refimpl.dequantize`, then measures what each type costs in accuracy on real weights of
+# SmolLM2-135M, and why the token embedding is kept at higher precision than the layers.
+
+# %%
+import os
+os.environ.setdefault("REFIMPL_BACKEND", "numpy")   # run the NumPy reference itself (no compiled kernels)
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import refimpl
+from refimpl.models import bert, llama
+from refimpl.quants import kquants, legacy
+from refimpl.testing import nmse
+from exercise import check
+
+gguf = refimpl.gguf.load(refimpl.fetch.fetch("smollm2"))
+emb = gguf.tensors["token_embd.weight"]
+print(emb)
+
+# %% [markdown]
+# ## Q4_0: 32 values in 18 bytes
+#
+# `block_q4_0` is an f16 scale `d` and 16 bytes of 4-bit values. Byte `j` holds element `j` in its low
+# nibble and element `j + 16` in its high nibble ("split nibbles"); each value is `(nibble - 8) * d`.
+# The docstring of refimpl's decoder restates the struct:
+
+# %%
+print(legacy.dequantize_q4_0.__doc__)
+print(legacy.quantize_q4_0.__doc__)
+
+# %%
+x = np.asarray(emb[1000])[:32]                        # 32 real values: part of token 1000's embedding
+q = refimpl.quantize(x, "q4_0")
+raw = q.data
+print(q, "\nbytes:", " ".join(f"{b:02x}" for b in raw))
+
+d = raw[0:2].view(np.float16)[0]                      # little-endian f16
+qs = raw[2:18]
+nibbles = np.concatenate([qs & 0x0F, qs >> 4])         # elements 0..15, then 16..31
+by_hand = (nibbles.astype(np.float32) - 8) * np.float32(d)
+print("d =", d, "| nibbles:", nibbles)
+print("decoded by hand == refimpl.dequantize:", np.array_equal(by_hand, refimpl.dequantize(q)))
+print("max |error| =", np.abs(by_hand - x).max(), "| d/2 =", float(d) / 2,
+      "(values above 7d are clamped to nibble 15 and may err by more)")
+
+# %% [markdown]
+# ## Q8_0: 32 values in 34 bytes
+#
+# An f16 scale and 32 signed bytes: `x = q * d`, `d = max|x| / 127`.
+
+# %%
+q8 = refimpl.quantize(x, "q8_0")
+d8 = q8.data[0:2].view(np.float16)[0]
+by_hand8 = q8.data[2:34].view(np.int8).astype(np.float32) * np.float32(d8)
+print("d =", d8, "| q =", q8.data[2:34].view(np.int8)[:12], "...")
+print("decoded by hand == refimpl.dequantize:", np.array_equal(by_hand8, refimpl.dequantize(q8)))
+
+# %% [markdown]
+# SmolLM2's embedding is stored as Q8_0. Quantizing its decoded values to Q8_0 again gives back the very
+# same bytes: the format is a fixed point of its own quantizer (which also means the Q8_0 row of the error
+# table below is exactly zero for this tensor).
+
+# %%
+rows = emb[:2048]
+print("requantized == stored bytes:", refimpl.quantize(np.asarray(rows), "q8_0") == rows)
+
+# %% [markdown]
+# ## Q4_K: 256 values in 144 bytes
+#
+# The K-quants nest two levels of scales. A 256-value super-block has f16 `d` and `dmin`; each of its 8
+# sub-blocks of 32 has a 6-bit scale `sc_j` and a 6-bit minimum `m_j`, packed into 12 bytes; then 128 bytes
+# of nibbles. A value is `(d * sc_j) * q - (dmin * m_j)`.
+
+# %%
+print(kquants.dequantize_q4_K.__doc__)
+
+# %%
+xk = np.asarray(emb[1000:1004]).reshape(-1)[:256]    # 256 real values
+qk = refimpl.quantize(xk, "q4_K")
+b = qk.data
+dk, dmin = b[0:2].view(np.float16)[0], b[2:4].view(np.float16)[0]
+s = b[4:16].astype(np.uint8)
+sc, mn = np.empty(8, np.uint8), np.empty(8, np.uint8)
+for j in range(8):                                   # ggml's get_scale_min_k4
+    if j < 4:
+        sc[j], mn[j] = s[j] & 63, s[j + 4] & 63
+    else:
+        sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4)
+        mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
+qsk = b[16:144].reshape(4, 32)                       # chunk c: sub-blocks 2c (low nibbles), 2c+1 (high)
+qk_vals = np.stack([qsk & 0x0F, qsk >> 4], axis=1).reshape(8, 32)
+D = np.float32(dk) * sc.astype(np.float32)           # f32 products, as ggml computes them
+M = np.float32(dmin) * mn.astype(np.float32)
+by_hand_k = (D[:, None] * qk_vals.astype(np.float32) - M[:, None]).reshape(-1)
+print("d =", dk, "dmin =", dmin, "\nsub-block scales", sc, "\nsub-block mins  ", mn)
+print("decoded by hand == refimpl.dequantize:", np.array_equal(by_hand_k, refimpl.dequantize(qk)))
+
+# %% [markdown]
+# The three layouts side by side, one cell per byte:
+
+# %%
+layouts = {
+    "q4_0 (32 values)": [("d f16", 2), ("qs: 32 nibbles", 16)],
+    "q8_0 (32 values)": [("d f16", 2), ("qs: 32 int8", 32)],
+    "q4_K (256 values)": [("d f16", 2), ("dmin f16", 2), ("scales: 8 x (6+6 bits)", 12), ("qs: 256 nibbles", 128)],
+}
+colors = {"d": "tab:red", "dmin": "tab:orange", "scales": "tab:purple", "qs": "tab:blue"}
+fig, ax = plt.subplots(figsize=(11, 2.2))
+for row, (name, fields) in enumerate(layouts.items()):
+    at = 0
+    for label, n in fields:
+        ax.barh(row, n, left=at, color=colors[label.split(":")[0].split(" ")[0]], edgecolor="white")
+        if n >= 16:
+            ax.text(at + n / 2, row, label, ha="center", va="center", color="white", fontsize=8)
+        at += n
+    ax.text(at + 1, row, f"{at} bytes = {8 * at / int(name.split('(')[1].split()[0]):.3g} bits/weight",
+            va="center", fontsize=8)
+ax.set_yticks(range(len(layouts)), list(layouts))
+ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()], labels=list(colors),
+          loc="lower right", fontsize=8, ncol=4)
+ax.set_xlim(0, 175)
+ax.set_xlabel("byte")
+ax.invert_yaxis()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## What each type costs on real weights
+#
+# Two sets of real weights: SmolLM2's token embedding (stored as Q8_0, so its values are already on a Q8_0
+# grid) and MiniLM's float32 FFN matrices (never quantized). The K-quants need rows of 256, so we take the
+# first 512 of each 576-value embedding row. The error measure is ggml's NMSE, `Σ(x̂ - x)² / Σx²`.
+# (The IQ types with grid searches, IQ3_S, IQ2_S and friends, also quantize bit-exactly in refimpl, but
+# their searches take seconds per megabyte in NumPy, so they are left out here.)
+
+# %%
+W_smol = np.asarray(emb[:2048])[:, :512]
+minilm = bert.load(refimpl.fetch.fetch("minilm"), tokenizer=False)
+W_mini = np.asarray(minilm.layers[0].ffn_down)      # (384, 1536) f32
+print("SmolLM2 sample", W_smol.shape, "| MiniLM sample", W_mini.shape, W_mini.dtype)
+
+TYPES = ["q8_0", "q6_K", "q5_1", "q5_K", "q5_0", "q4_1", "q4_K", "iq4_nl", "q4_0", "iq4_xs", "mxfp4", "q3_K",
+         "q2_K", "tq2_0", "q1_0"]
+results = {}
+for t in TYPES:
+    bpw = refimpl.traits(t).bits_per_weight
+    e_smol = nmse(refimpl.dequantize(refimpl.quantize(W_smol, t)), W_smol)
+    e_mini = nmse(refimpl.dequantize(refimpl.quantize(W_mini, t)), W_mini)
+    results[t] = (bpw, e_smol, e_mini)
+print(f"{'type':8} {'bits/w':>7} {'NMSE SmolLM2':>13} {'NMSE MiniLM':>12}")
+for t, (bpw, a, m) in results.items():
+    print(f"{t:8} {bpw:7.4g} {a:13.2e} {m:12.2e}")
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for col, (label, marker) in ((1, ("SmolLM2 token_embd (Q8_0 values)", "o")), (2, ("MiniLM ffn_down (f32)", "s"))):
+    bpw = np.array([r[0] for r in results.values()])
+    err = np.array([r[col] for r in results.values()])
+    ax.scatter(bpw[err > 0], err[err > 0], marker=marker, label=label)      # (Q8_0 of Q8_0 values: 0)
+    if col == 2:
+        for t, xx, yy in zip(results, bpw, err):
+            ax.annotate(t, (xx, yy), textcoords="offset points", xytext=(4, 4), fontsize=7)
+ax.set_yscale("log")
+ax.set_xlabel("bits per weight")
+ax.set_ylabel("NMSE (log)")
+ax.set_title("accuracy vs size of every ggml type quantizable without an importance matrix")
+ax.legend()
+ax.grid(alpha=0.3)
+plt.show()
+
+# %% [markdown]
+# Roughly each extra bit divides the error by four (6 dB per bit), with the K-quants and IQ4 types
+# getting more out of each bit than the 32-block formats. The distributions show why: Q4_0 has one scale
+# per 32 values, set by the largest of them, and real weights have outliers (MiniLM's reach 8 where most
+# are within ±0.3), which leave the rest of their block with few levels. Q4_K adapts a scale and an
+# offset per 32-value sub-block, with 6-bit sub-scales costing far less than f16 ones.
+
+# %%
+fig, axs = plt.subplots(1, 2, figsize=(11, 3.5))
+axs[0].hist(W_mini.reshape(-1), bins=200, color="gray")
+axs[0].set_yscale("log")
+axs[0].set_title("MiniLM ffn_down values")
+for t in ("q8_0", "q4_K", "q4_0", "q2_K"):
+    err = (refimpl.dequantize(refimpl.quantize(W_mini, t)) - W_mini).reshape(-1)
+    axs[1].hist(err, bins=200, histtype="step", label=t, range=(-0.1, 0.1))
+axs[1].set_yscale("log")
+axs[1].set_title("quantization error x̂ - x")
+axs[1].legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Why the embedding keeps more bits
+#
+# In this file every layer matrix is Q4_1 but `token_embd` is Q8_0. Two reasons:
+#
+# * **It costs no compute.** `get_rows` reads one row per token; a smaller type saves memory but no time.
+# * **SmolLM2 ties its output to it.** `output.weight` is absent, so the logits are
+#   `mul_mat(token_embd, result_norm)`: every error in the matrix lands directly on the ranking of the
+#   49,152 candidate tokens, with no later layer to average it out.
+#
+# We can measure the second point cheaply: run the model once, keep the last layer's output `l_out-29` for
+# every position with `capture=`, apply the final norm as `forward` does (`result_norm`), and compute the
+# logits from the stored embedding and from re-quantized copies of it.
+
+# %%
+model = llama.load(gguf, dequantize_weights=True)     # f32 copies of the weights: faster mat-muls, same values
+ids = model.tokenizer.encode("The old lighthouse keeper climbed the spiral stairs every evening, lit the lamp, "
+                             "and watched the ships pass by until the sun rose over the quiet harbour.")
+cap = {}
+llama.forward(model, ids, llama.new_cache(model, len(ids)), capture=cap, last_only=True)
+hp = model.hparams
+h = refimpl.mul(refimpl.rms_norm(cap[f"l_out-{hp.n_layer - 1}"], hp.rms_eps), model.output_norm)   # result_norm
+logits = refimpl.mul_mat(emb, h)                      # the model's logits: its output is token_embd (Q8_0)
+print("tokens", len(ids), "| result_norm", h.shape, "| logits", logits.shape)
+
+
+def softmax(z):
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+p_ref = softmax(logits.astype(np.float64))
+print(f"{'embedding as':13} {'bits/w':>6} {'KL (nats)':>10} {'top-1 same':>10} {'max |Δlogit|':>12}")
+for t in ("q8_0", "q5_0", "q4_0"):
+    e_t = emb if t == "q8_0" else refimpl.quantize(np.asarray(emb), t)      # re-quantize the stored values
+    lg = refimpl.mul_mat(e_t, h)
+    p = softmax(lg.astype(np.float64))
+    kl = float(np.mean(np.sum(p_ref * (np.log(p_ref + 1e-30) - np.log(p + 1e-30)), axis=-1)))
+    same = float(np.mean(lg.argmax(-1) == logits.argmax(-1)))
+    print(f"{t:13} {refimpl.traits(t).bits_per_weight:6.3g} {kl:10.2e} {same:10.0%} {np.abs(lg - logits).max():12.3f}")
+
+# %% [markdown]
+# Storing the embedding as Q5_0 or Q4_0 instead of Q8_0 moves single logits by several units and changes
+# the most likely next token at a fifth of these 30 positions: at 4-5 bits the tied output matrix is the
+# weakest link of the model. llama.cpp's quantizer makes the same choice by default and keeps
+# `token_embd` / `output` at a higher type than the layers.
+#
+# ## Exercises
+#
+# **1. Decode Q8_0.** Write `my_dequantize_q8_0(raw)` for raw bytes of NumPy shape `(n_blocks, 34)`, returning
+# `(n_blocks, 32)` float32. It is checked bit for bit against `refimpl.dequantize`.
+
+# %%
+def my_dequantize_q8_0(raw):
+    raise NotImplementedError   # your code here
+
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def solution_dequantize_q8_0(raw):
+    d = np.ascontiguousarray(raw[:, 0:2]).view(np.float16).astype(np.float32)      # (n, 1)
+    return raw[:, 2:34].view(np.int8).astype(np.float32) * d
+
+
+# %%
+def ref_q8_0(raw):
+    return refimpl.dequantize(refimpl.QTensor(refimpl.GGMLType.Q8_0, raw, (raw.shape[0], 32)))
+
+
+rng = np.random.default_rng(0)
+q8_cases = [refimpl.quantize(np.asarray(emb[:64]), "q8_0").data.reshape(-1, 34),
+            rng.integers(0, 256, (100, 34), dtype=np.uint8)]          # any bytes are a valid block
+check(my_dequantize_q8_0, ref_q8_0, q8_cases, solution=solution_dequantize_q8_0)
+
+# %% [markdown]
+# **2. Decode Q4_1.** `block_q4_1` (20 bytes) is `d` f16, `m` f16, then 16 bytes of split nibbles;
+# `x = nibble * d + m` (in float32, the product rounded before the sum). Write `my_dequantize_q4_1(raw)` for
+# `(n_blocks, 20)` bytes; it is checked bit for bit against `refimpl.dequantize` on SmolLM2's own Q4_1 weights.
+
+# %%
+def my_dequantize_q4_1(raw):
+    raise NotImplementedError   # your code here
+
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def solution_dequantize_q4_1(raw):
+    d = np.ascontiguousarray(raw[:, 0:2]).view(np.float16).astype(np.float32)
+    m = np.ascontiguousarray(raw[:, 2:4]).view(np.float16).astype(np.float32)
+    qs = raw[:, 4:20]
+    nib = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+    return nib * d + m
+
+
+# %%
+def ref_q4_1(raw):
+    return refimpl.dequantize(refimpl.QTensor(refimpl.GGMLType.Q4_1, raw, (raw.shape[0], 32)))
+
+
+w_q41 = gguf.tensors["blk.0.attn_q.weight"]
+check(my_dequantize_q4_1, ref_q4_1, [w_q41.data[:32].reshape(-1, 20)], solution=solution_dequantize_q4_1)
