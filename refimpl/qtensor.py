@@ -157,6 +157,7 @@ def quantize(x, type, *, method: str = "chunk") -> QTensor:
            They differ only for Q8_0/Q8_1 ("cpu" rounds half to even with 127/amax) and IQ4_NL
            ("chunk" runs a 15-step scale search); see docs/types.md.
     """
+    from .ops._core import kernel_for
     from .quants import get_quantizer
     t = as_type(type)
     tr = traits(t)
@@ -168,6 +169,7 @@ def quantize(x, type, *, method: str = "chunk") -> QTensor:
         raise ValueError(f"quantize to {tr.name}: row length {n} ({_fmt(x.shape)}) is not a multiple of "
                          f"the block size {tr.blck_size}")
     fn = get_quantizer(t, method)
+    fn = kernel_for(fn) or fn                   # a compiled kernel of the same function, if the backend has one
     blocks = np.ascontiguousarray(x).reshape(-1, tr.blck_size)
     raw = fn(blocks) if blocks.shape[0] else np.zeros((0, tr.type_size), np.uint8)
     if raw.shape != (blocks.shape[0], tr.type_size) or raw.dtype != np.uint8:
@@ -180,6 +182,7 @@ def dequantize(qt) -> np.ndarray:
 
     A plain ndarray is returned as float32 (F16/F32/F64 values converted exactly where possible).
     """
+    from .ops._core import kernel_for
     from .quants import DEQUANTIZERS
     from .quants._common import CHUNK
     if not isinstance(qt, QTensor):
@@ -198,6 +201,9 @@ def dequantize(qt) -> np.ndarray:
     # given; one that returns another array is copied in). inf/NaN scales are part of every format:
     # no warnings.
     out = np.empty((rows * nb, tr.blck_size), np.float32)
+    k = kernel_for(fn)                          # a compiled kernel fills all blocks in one call
+    if k is not None:
+        return k(blocks, out=out).reshape(qt.shape)
     step = max(1, CHUNK // tr.blck_size)
     with np.errstate(all="ignore"):
         for i in range(0, len(blocks), step):

@@ -1,2 +1,87 @@
 """Compiled kernels (Numba; numba.cuda under kernels/cuda). Imported only when a backend asks for them,
-so `import refimpl` never imports Numba."""
+so `import refimpl` never imports Numba.
+
+One module per op family, each listing its versions at the top:
+
+    quants.py      dequantize every block format (the decoders mul_mat and get_rows use too)
+    quantize.py    ggml's reference quantizers of the common types
+    matmul.py      mul_mat with any weight type, never materialising a dequantized weight
+    norm.py        rms_norm, norm
+    softmax.py     soft_max_ext
+    rope.py        rope_ext, rope_ext_back (NORMAL and NEOX)
+    rows.py        get_rows
+    unary.py       silu, gelu, swiglu, geglu
+    recurrent.py   rwkv_wkv6, rwkv_wkv7
+    _common.py     scalar helpers (ggml's conversions and roundings) and the thread pool
+
+Work is split over `numba.get_num_threads()` threads (NUMBA_NUM_THREADS, `numba.set_num_threads`) by
+`_common.parallel_ranges`: the kernels release the GIL, and a pool of Python threads runs them on ranges
+of rows or blocks.
+
+Every kernel registers itself for the op (`register(name, "numba")`) or the NumPy function
+(`implements(fn, "numba")`) it replaces, takes the same arguments, raises the same errors, and falls
+back to the NumPy reference for inputs it does not cover. Kernels are `@njit(cache=True)`: compiled on
+first use, then loaded from `__pycache__`. Numba checks a cached function against its own source file
+only, not against the kernels it calls from other files, so importing this package drops the whole
+cache whenever any kernel source differs from the one it was compiled from (`_check_cache`).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+
+_FAMILIES = ("quants", "quantize", "matmul", "norm", "softmax", "rope", "rows", "unary", "recurrent")
+_STAMP = "refimpl_kernels.sources"
+
+
+def _check_cache() -> None:
+    """Delete this package's Numba cache files if the kernel sources changed since they were written
+    (a stamp file with the sources' hash sits next to them). Skipped when NUMBA_CACHE_DIR moves the
+    cache elsewhere."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    here = os.path.dirname(__file__)
+    h = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(here, "*.py"))):
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read())
+    digest = h.hexdigest()
+    cache = os.path.join(here, "__pycache__")
+    stamp = os.path.join(cache, _STAMP)
+    try:
+        with open(stamp) as f:
+            if f.read().strip() == digest:
+                return
+    except OSError:
+        pass
+    try:
+        os.makedirs(cache, exist_ok=True)
+        for path in glob.glob(os.path.join(cache, "*.nb[ic]")):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        tmp = f"{stamp}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(digest)
+        os.replace(tmp, stamp)
+    except OSError:                      # a read-only install: Numba then caches elsewhere or not at all
+        pass
+
+
+def load() -> None:
+    """Import every kernel module (refimpl's op dispatch calls this on the first op under "numba").
+    A module that fails to import is reported (ImportError) after all the others are loaded."""
+    import importlib
+    failed = []
+    for name in _FAMILIES:
+        try:
+            importlib.import_module(f"{__name__}.{name}")
+        except ImportError as e:
+            failed.append(f"{name}: {e}")
+    if failed:
+        raise ImportError("; ".join(failed))
+
+
+_check_cache()         # before any kernel module of this package is imported (they load their cache lazily)

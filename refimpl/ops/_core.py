@@ -7,22 +7,39 @@
 "UNARY:GELU" (enum ggml_unary_op), "GLU:SWIGLU" (enum ggml_glu_op). The coverage report reads them.
 
 Backends: kernels register with `@register("rms_norm", backend="numba")`; `with refimpl.backend("numba"):`
-(or REFIMPL_BACKEND) makes `@op` call them. Numerics: `with refimpl.numerics("ggml"):` or `numerics=` on
-ops that accept it; `current_numerics()` tells an op which mode is active.
+(or REFIMPL_BACKEND) makes `@op` call them. The default is "numba" when the numba package is installed
+(found without importing it), else "numpy"; REFIMPL_BACKEND=numpy|numba overrides. A backend's kernel
+modules are imported on the first op call under it (`refimpl.kernels.load`), so `import refimpl` never
+imports Numba. Functions that are not ops (the block dequantizers and quantizers) get kernels with
+`@implements(reference_fn, backend="numba")`; their caller asks `kernel_for(reference_fn)`.
+Numerics: `with refimpl.numerics("ggml"):` or `numerics=` on ops that accept it; `current_numerics()`
+tells an op which mode is active.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import functools
+import importlib
+import importlib.util
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 BACKENDS = ("numpy", "numba", "cuda")
 NUMERICS = ("exact", "ggml")
 
-_backend = contextvars.ContextVar("refimpl_backend", default=os.environ.get("REFIMPL_BACKEND", "numpy"))
+
+def _default_backend() -> str:
+    """REFIMPL_BACKEND if set, else "numba" when the package is installed (not imported here), else "numpy"."""
+    env = os.environ.get("REFIMPL_BACKEND")
+    if env:
+        return env
+    return "numba" if importlib.util.find_spec("numba") is not None else "numpy"
+
+
+_backend = contextvars.ContextVar("refimpl_backend", default=_default_backend())
 _numerics = contextvars.ContextVar("refimpl_numerics", default=os.environ.get("REFIMPL_NUMERICS", "exact"))
 
 
@@ -35,6 +52,22 @@ class OpInfo:
 
 
 OPS: dict[str, OpInfo] = {}
+KERNELS: dict[tuple[Callable, str], Callable] = {}     # (reference function, backend) -> kernel, for non-ops
+_KERNEL_MODULES = {"numba": "refimpl.kernels", "cuda": "refimpl.kernels.cuda"}
+_loaded: set[str] = set()
+
+
+def _load(b: str) -> None:
+    """Import backend b's kernel modules once (they register themselves); on failure warn and run NumPy."""
+    _loaded.add(b)
+    if b not in _KERNEL_MODULES:
+        return
+    try:
+        mod = importlib.import_module(_KERNEL_MODULES[b])
+        getattr(mod, "load", lambda: None)()
+    except ImportError as e:
+        warnings.warn(f"refimpl: {b} kernels unavailable ({e}); running the NumPy reference", RuntimeWarning,
+                      stacklevel=3)
 
 
 def op(name: str, covers: str | tuple[str, ...] | None = None):
@@ -49,7 +82,10 @@ def op(name: str, covers: str | tuple[str, ...] | None = None):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             b = _backend.get()
-            if b != "numpy":
+            # numerics="ggml" is the NumPy emulation of ggml-cpu's roundings: kernels compute exact mode only
+            if b != "numpy" and current_numerics(kwargs.get("numerics")) != "ggml":
+                if b not in _loaded:
+                    _load(b)
                 k = info.kernels.get(b)
                 if k is not None:
                     return k(*args, **kwargs)
@@ -70,6 +106,28 @@ def register(name: str, backend: str):
         OPS[name].kernels[backend] = fn
         return fn
     return deco
+
+
+def implements(ref: Callable, backend: str):
+    """Register a kernel for a function that is not an op (a block dequantizer or quantizer of
+    refimpl.quants), keyed by the reference function itself; `kernel_for(ref)` finds it."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
+
+    def deco(fn):
+        KERNELS[(ref, backend)] = fn
+        return fn
+    return deco
+
+
+def kernel_for(ref: Callable) -> Callable | None:
+    """The kernel registered with `implements(ref, ...)` for the active backend, or None (run ref)."""
+    b = _backend.get()
+    if b == "numpy":
+        return None
+    if b not in _loaded:
+        _load(b)
+    return KERNELS.get((ref, b))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,136 @@
+"""rope_ext with Numba (modes NORMAL and NEOX): ggml's f32 theta recurrence and the rotations.
+
+Versions:
+    _rope_cache  per token: theta_0 = p, theta_{i+1} = fl(theta_i * theta_scale); t_e = theta / ff[i],
+                 t_i = freq_scale * t_e, YaRN's one-rounding mix; cos/sin = fl(cos/sin(f64 theta)) *
+                 mscale (* sin_sign) -- refimpl.ops.rope.rope_cache step for step
+    _rotate      (x0, x1) -> fl(f64(x0)*c - f64(x1)*s), fl(f64(x0)*s + f64(x1)*c), other dims copied
+Tokens are split over threads. The scalars (theta_scale, YaRN's corr dims and mscale) come from the same
+NumPy expressions as the reference; cos and sin are libm's f64 functions rounded to f32 where the
+reference uses NumPy's f64 functions: within an f64 ulp, so the f32 values agree except where that ulp
+straddles an f32 rounding boundary. M-RoPE modes, f16/f32 x other than C-contiguous, and anything the
+reference would reject run the NumPy reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..ops import rope as ref_rope
+from ..ops._core import register
+from ..ops._shapes import ne4
+from ._common import parallel_ranges
+
+F32 = np.float32
+PAR_MIN = 1 << 14       # elements per thread at least
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rope(x, pos, ff, has_ff, n_dims, neox, theta_scale, fs, ext, lo_c, hi_c, mscale, sin_sign, out, t0, t1):
+    """Tokens t0..t1-1 of x (B, T, H, D) f32 into out: the rope cache of each token, then the rotations."""
+    B, T, H, D = x.shape
+    half = D // 2
+    k = n_dims // 2
+    cs = np.empty(half, np.float32)
+    sn = np.empty(half, np.float32)
+    for t in range(t0, t1):
+        theta = np.float32(pos[t])
+        for i in range(half):
+            t_e = theta / ff[i] if has_ff and i < ff.shape[0] else theta
+            t_i = fs * t_e
+            th = t_i
+            if ext != 0:
+                d = np.float32(hi_c - lo_c)
+                y = np.float32((np.float32(i) - lo_c) / (np.float32(0.001) if np.float32(0.001) > d else d))
+                y = np.float32(0.0) if np.float32(0.0) > y else y
+                ramp = np.float32(1.0) - (np.float32(1.0) if np.float32(1.0) < y else y)
+                mix = ramp * ext
+                th = np.float32(np.float64(t_i) * np.float64(np.float32(1.0) - mix) + np.float64(t_e * mix))
+            cs[i] = np.float32(np.cos(np.float64(th))) * mscale
+            sn[i] = np.float32(np.sin(np.float64(th))) * mscale * sin_sign
+            theta = theta * theta_scale
+        for b in range(B):
+            for h in range(H):
+                xr = x[b, t, h]
+                o = out[b, t, h]
+                for i in range(n_dims, D):
+                    o[i] = xr[i]
+                for i in range(k):
+                    i0 = i if neox else 2 * i
+                    i1 = i + k if neox else 2 * i + 1
+                    c = np.float64(cs[i])
+                    s = np.float64(sn[i])
+                    a0 = np.float64(xr[i0])
+                    a1 = np.float64(xr[i1])
+                    o[i0] = np.float32(a0 * c - a1 * s)
+                    o[i1] = np.float32(a0 * s + a1 * c)
+
+
+def _covered(x, pos, freq_factors, n_dims, mode) -> bool:
+    if not (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float16) and 1 <= x.ndim <= 4 and x.size
+            and x.flags.c_contiguous):
+        return False
+    if not (isinstance(pos, np.ndarray) and pos.dtype == np.int32 and pos.ndim >= 1
+            and all(v == 1 for v in pos.shape[:-1])):
+        return False
+    n = ne4(x.shape)
+    if int(mode) not in (ref_rope.ROPE_TYPE_NORMAL, ref_rope.ROPE_TYPE_NEOX) or pos.size != n[2]:
+        return False
+    if not (0 < int(n_dims) <= n[0]) or int(n_dims) % 2 or int(n_dims) != n_dims:
+        return False
+    if freq_factors is not None:
+        if not (isinstance(freq_factors, np.ndarray) and freq_factors.dtype == np.float32
+                and freq_factors.ndim <= 4 and ne4(freq_factors.shape)[0] >= int(n_dims) // 2):
+            return False
+    return True
+
+
+def rope(x, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+         beta_fast, beta_slow, sin_sign):
+    """rope_ext (sin_sign 1) / rope_ext_back (sin_sign -1) of a covered input (see `_covered`)."""
+    n = ne4(x.shape)
+    n_dims = int(n_dims)
+    theta_scale = F32(ref_rope._libm(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
+    lo, hi = ref_rope.yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    fs, ext = F32(freq_scale), F32(ext_factor)
+    mscale = F32(attn_factor)
+    if ext != 0:
+        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(ref_rope._libm(np.log, F32(1.0) / fs))
+        mscale = F32(mscale * F32(inner))
+    x4 = np.ascontiguousarray(x.reshape(n[::-1]), np.float32)
+    ff = (np.zeros(1, np.float32) if freq_factors is None
+          else np.ascontiguousarray(freq_factors, np.float32).reshape(-1))
+    out = np.empty_like(x4)
+    p = np.ascontiguousarray(pos.reshape(-1))
+    neox = int(mode) == ref_rope.ROPE_TYPE_NEOX
+    per = max(1, PAR_MIN // max(1, x4.size // n[2]))
+    parallel_ranges(lambda t0, t1: _rope(x4, p, ff, freq_factors is not None, n_dims, neox, F32(theta_scale), fs, ext,
+                                         F32(lo), F32(hi), mscale, F32(sin_sign), out, t0, t1), n[2], per)
+    return out.astype(x.dtype, copy=False).reshape(x.shape)
+
+
+@register("rope_ext", backend="numba")
+def rope_ext(x, pos, freq_factors=None, *, n_dims: int, mode: int = ref_rope.ROPE_TYPE_NORMAL, n_ctx_orig: int = 0,
+             freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
+             beta_fast: float = 32.0, beta_slow: float = 1.0):
+    """ggml_rope_ext (see refimpl.ops.rope.rope_ext), tokens in parallel in Numba."""
+    args = (n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+    if not _covered(x, pos, freq_factors, n_dims, mode):
+        return ref_rope.rope_ext.reference(x, pos, freq_factors, n_dims=n_dims, mode=mode, n_ctx_orig=n_ctx_orig,
+                                           freq_base=freq_base, freq_scale=freq_scale, ext_factor=ext_factor,
+                                           attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow)
+    return rope(x, pos, freq_factors, n_dims, mode, *args, 1.0)
+
+
+@register("rope_ext_back", backend="numba")
+def rope_ext_back(x, pos, freq_factors=None, *, n_dims: int, mode: int = ref_rope.ROPE_TYPE_NORMAL,
+                  n_ctx_orig: int = 0, freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0,
+                  attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0):
+    """ggml_rope_ext_back (see refimpl.ops.rope.rope_ext_back): rope_ext with every sin negated."""
+    args = (n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+    if not _covered(x, pos, freq_factors, n_dims, mode):
+        return ref_rope.rope_ext_back.reference(x, pos, freq_factors, n_dims=n_dims, mode=mode,
+                                                n_ctx_orig=n_ctx_orig, freq_base=freq_base, freq_scale=freq_scale,
+                                                ext_factor=ext_factor, attn_factor=attn_factor, beta_fast=beta_fast,
+                                                beta_slow=beta_slow)
+    return rope(x, pos, freq_factors, n_dims, mode, *args, -1.0)

@@ -1,0 +1,137 @@
+"""silu, gelu, swiglu, geglu with Numba (f32): the reference's f32 steps element by element.
+
+Versions:
+    silu    x / (1 + fl(exp(f64(-x))))                                  (refimpl.ops.elementwise._silu)
+    gelu    0 if x <= -10, x if x >= 10, else T[f16 bits of x] as f32   (T = elementwise.gelu_table())
+    swiglu  silu(x) * g;   geglu  0 if x <= -10, x*g if x >= 10, else T[fl16(x)] * g
+Elements are split over threads. exp is libm's f64 exp rounded to f32 where the reference rounds NumPy's
+f64 exp: the f32 values agree except where their f64 ulp straddles an f32 rounding boundary. f16 / bf16
+inputs and non-contiguous layouts run the NumPy reference.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import njit
+
+from ..ops import elementwise as ref_ew
+from ..ops._core import register
+from ..ops._shapes import ne4
+from ..quants._common import f16_to_f32
+from ._common import f16_bits, parallel_ranges
+
+PAR_MIN = 1 << 16       # elements per thread at least
+SILU, GELU = 0, 1
+
+
+@functools.lru_cache(maxsize=None)
+def gelu_table_f32() -> np.ndarray:
+    """elementwise.gelu_table() widened to f32 as the reference's lookup does (f16_to_f32)."""
+    return np.ascontiguousarray(f16_to_f32(ref_ew.gelu_table()))
+
+
+@njit(inline="always")
+def _silu(x):
+    return x / (np.float32(1.0) + np.float32(np.exp(np.float64(-x))))
+
+
+@njit(inline="always")
+def _gelu(x, tab):
+    if x <= np.float32(-10.0):
+        return np.float32(0.0)
+    if x >= np.float32(10.0):
+        return x
+    return tab[f16_bits(x)]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _unary(kind, x, tab, out, lo, hi):
+    xs, o = x[lo:hi], out[lo:hi]           # indices from 0: no negative-index checks, so LLVM vectorizes
+    if kind == SILU:
+        for i in range(xs.size):
+            o[i] = _silu(xs[i])
+    else:
+        for i in range(xs.size):
+            o[i] = _gelu(xs[i], tab)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _glu(kind, x, g, tab, out, lo, hi):
+    """Rows lo..hi-1 of x, g (rows, n) (views into a's halves or a and b) into out (rows, n)."""
+    n = out.shape[1]
+    for r in range(lo, hi):
+        for i in range(n):
+            v = x[r, i]
+            if kind == SILU:
+                out[r, i] = _silu(v) * g[r, i]
+            elif v <= np.float32(-10.0):
+                out[r, i] = np.float32(0.0)
+            elif v >= np.float32(10.0):
+                out[r, i] = v * g[r, i]
+            else:
+                out[r, i] = tab[f16_bits(v)] * g[r, i]
+
+
+def _f32c(a) -> bool:
+    return isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous and a.size > 0
+
+
+def _apply(kind, a):
+    flat = a.reshape(-1)
+    out = np.empty_like(flat)
+    tab = gelu_table_f32()
+    parallel_ranges(lambda lo, hi: _unary(kind, flat, tab, out, lo, hi), flat.size, PAR_MIN)
+    return out.reshape(a.shape)
+
+
+@register("silu", backend="numba")
+def silu(a):
+    """ggml_silu (see refimpl.ops.elementwise.silu) in Numba."""
+    return _apply(SILU, a) if _f32c(a) else ref_ew.silu.reference(a)
+
+
+@register("gelu", backend="numba")
+def gelu(a):
+    """ggml_gelu (see refimpl.ops.elementwise.gelu) in Numba, through ggml-cpu's f16 table."""
+    return _apply(GELU, a) if _f32c(a) else ref_ew.gelu.reference(a)
+
+
+def _glu_apply(kind, a, b, swapped):
+    n = a.shape[-1]
+    a2 = a.reshape(-1, n)
+    if b is None:
+        nc = n // 2
+        x, g = a2[:, :nc], a2[:, nc:2 * nc]
+        if swapped:
+            x, g = g, x
+    else:
+        nc = n
+        x, g = a2, b.reshape(-1, n)
+    out = np.empty((a2.shape[0], nc), np.float32)
+    tab = gelu_table_f32()
+    if nc:
+        parallel_ranges(lambda lo, hi: _glu(kind, x, g, tab, out, lo, hi), a2.shape[0], max(1, PAR_MIN // nc))
+    return out.reshape(a.shape[:-1] + (nc,))
+
+
+def _glu_covered(a, b) -> bool:
+    if not _f32c(a) or a.ndim > 4:
+        return False
+    return b is None or (_f32c(b) and ne4(b.shape) == ne4(a.shape) and b.ndim <= 4)
+
+
+@register("swiglu", backend="numba")
+def swiglu(a, b=None, *, swapped: bool = False):
+    """ggml_swiglu (see refimpl.ops.elementwise.swiglu) in Numba."""
+    if not _glu_covered(a, b):
+        return ref_ew.swiglu.reference(a, b, swapped=swapped)
+    return _glu_apply(SILU, a, b, swapped)
+
+
+@register("geglu", backend="numba")
+def geglu(a, b=None, *, swapped: bool = False):
+    """ggml_geglu (see refimpl.ops.elementwise.geglu) in Numba, through ggml-cpu's f16 GELU table."""
+    if not _glu_covered(a, b):
+        return ref_ew.geglu.reference(a, b, swapped=swapped)
+    return _glu_apply(GELU, a, b, swapped)

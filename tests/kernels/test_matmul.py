@@ -1,0 +1,72 @@
+"""mul_mat's Numba paths against the NumPy reference on shapes the op cases keep small: both paths
+(decode: few rows of b, fused per weight row; prefill: BLAS tiles), several threads' worth of rows,
+weight tiles, broadcast batches, every weight type."""
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
+
+import refimpl  # noqa: E402
+from refimpl.kernels import matmul as km  # noqa: E402
+from refimpl.kernels import quants as kd  # noqa: E402
+from refimpl.ops.matmul import TILE_ROWS, VEC_DOT_TYPE  # noqa: E402
+from refimpl.testing import assert_bits_equal, assert_nmse, tol  # noqa: E402
+from refimpl.types import traits  # noqa: E402
+
+TYPES = ["f32", "f16"] + sorted(traits(t).name for t in VEC_DOT_TYPE if t in kd.DECODABLE)
+
+
+# grid formats without a fast reference quantizer: random blocks with d = 2^-8 (f16 0x1C00)
+_D_AT_0 = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s")
+
+
+def _weight(t, w):
+    """w (n, k) as a weight of type t: an f32/f16 array, or a QTensor."""
+    if t == "f32":
+        return w
+    if t == "f16":
+        return w.astype(np.float16)
+    tr = traits(refimpl.as_type(t))
+    if t not in _D_AT_0 and t != "iq1_m":
+        with refimpl.backend("numpy"):
+            return refimpl.quantize(w, t)
+    blocks = np.random.default_rng(w.shape[0]).integers(0, 256, (w.size // tr.blck_size, tr.type_size),
+                                                        dtype=np.uint8)
+    if t == "iq1_m":                  # d's 16 bits are the top nibbles of the four u16 scales
+        blocks[:, [49, 51, 53, 55]] = (blocks[:, [49, 51, 53, 55]] & 0x0F) | np.array([0x00, 0x00, 0xC0, 0x10],
+                                                                                      np.uint8)
+    else:
+        blocks[:, 0:2] = np.frombuffer(np.float16(2.0 ** -8).tobytes(), np.uint8)
+    return refimpl.QTensor.from_bytes(blocks, t, w.shape)
+
+
+@pytest.mark.parametrize("t", TYPES)
+@pytest.mark.parametrize("m", [1, 5, km.DECODE_ROWS + 1])
+def test_mul_mat_paths(t, m):
+    """Decode (m <= DECODE_ROWS) within two f64 sums rounded once, prefill identical bits; n spans
+    several threads and (for prefill) two weight tiles."""
+    rng = np.random.default_rng(m)
+    n, k = TILE_ROWS + 40, 512
+    a = _weight(t, rng.uniform(-1, 1, (n, k)).astype(np.float32))
+    b = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    with refimpl.backend("numpy"):
+        ref = refimpl.mul_mat(a, b)
+    with refimpl.backend("numba"):
+        got = refimpl.mul_mat(a, b)
+    if m > km.DECODE_ROWS:
+        assert_bits_equal(got, ref, f"mul_mat {t} prefill")
+    else:
+        assert_nmse(got, ref, tol("mul_mat", "*", "property").nmse, f"mul_mat {t} decode")
+
+
+@pytest.mark.parametrize("m", [2, 12])
+def test_mul_mat_broadcast_batches(m):
+    """a (2, 3, n, k) repeated over b (2*2, 3*4, m, k): the block broadcast of grouped-query attention."""
+    rng = np.random.default_rng(m)
+    a = rng.uniform(-1, 1, (2, 3, 24, 64)).astype(np.float32)
+    b = rng.uniform(-1, 1, (4, 12, m, 64)).astype(np.float32)
+    with refimpl.backend("numpy"):
+        ref = refimpl.mul_mat(a, b)
+    with refimpl.backend("numba"):
+        got = refimpl.mul_mat(a, b)
+    assert_nmse(got, ref, tol("mul_mat", "*", "property").nmse, "batched mul_mat")

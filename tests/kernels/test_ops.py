@@ -1,0 +1,111 @@
+"""Numba op kernels against the NumPy reference (`op.reference`), on the ops' own case strategies
+(refimpl.testing.op_cases: valid shapes, views, f16/bf16 operands, edge values) and fixed named cases.
+
+Kernels that repeat the reference's operations in its order must give identical bits; mul_mat's decode
+path sums its exact f64 products in another order than BLAS and is held to the tolerance of two f64
+sums rounded once to f32. Inputs a kernel does not cover fall back to the reference (also checked here:
+same result, same error).
+"""
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+import refimpl  # noqa: E402
+import refimpl.kernels  # noqa: E402
+from refimpl import GGMLShapeError, QTensor  # noqa: E402
+from refimpl.ops import OPS  # noqa: E402
+from refimpl.testing import assert_bits_equal, assert_nmse, named_cases, op_cases, tol  # noqa: E402
+
+OPS_WITH_KERNELS = ["rms_norm", "norm", "soft_max_ext", "rope_ext", "rope_ext_back", "get_rows", "silu", "gelu",
+                    "swiglu", "geglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
+N = max(10, settings().max_examples // 4)
+
+refimpl.kernels.load()
+
+
+def _values(x):
+    return x.data if isinstance(x, QTensor) else np.asarray(x)
+
+
+def _compare(op, got, ref, what):
+    if op == "mul_mat" and not isinstance(got, QTensor):
+        fin = np.isfinite(ref)
+        assert np.array_equal(fin, np.isfinite(got)), f"{what}: inf/nan at other places"
+        assert_nmse(got[fin], ref[fin], tol("mul_mat", "*", "property").nmse, what)
+        return
+    assert_bits_equal(_values(got), _values(ref), what)
+
+
+def _check(case):
+    info = OPS[case.op]
+    assert "numba" in info.kernels, f"{case.op} has no numba kernel"
+    with refimpl.backend("numpy"), np.errstate(all="ignore"):
+        try:
+            ref = case.run(info.fn)
+        except (GGMLShapeError, ValueError, TypeError) as e:
+            ref = e
+    with refimpl.backend("numba"):                          # through the op's dispatch
+        if isinstance(ref, Exception):
+            with pytest.raises(type(ref)) as e:
+                case.run()
+            assert str(e.value) == str(ref)
+            return
+        got = case.run()
+    _compare(case.op, got, ref, str(case))
+
+
+@pytest.mark.parametrize("op", OPS_WITH_KERNELS)
+@settings(max_examples=N)
+@given(data=st.data())
+def test_kernel_matches_reference(op, data):
+    _check(data.draw(op_cases(op)))
+
+
+@pytest.mark.parametrize("op", OPS_WITH_KERNELS)
+def test_kernel_matches_reference_named(op):
+    for case in named_cases(op):
+        _check(case)
+
+
+def test_kernels_are_chosen_by_the_backend():
+    """The op dispatches to the kernel under "numba" and to the NumPy body under "numpy"."""
+    from refimpl.kernels import norm as kn
+    a = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    calls = []
+    orig = kn._rows
+    kn._rows = lambda *args: calls.append(1) or orig(*args)
+    try:
+        with refimpl.backend("numba"):
+            refimpl.rms_norm(a, 1e-6)
+        with refimpl.backend("numpy"):
+            refimpl.rms_norm(a, 1e-6)
+    finally:
+        kn._rows = orig
+    assert calls == [1]
+
+
+def test_fallbacks_give_the_reference_errors():
+    a = np.ones((2, 8), np.float64)
+    with refimpl.backend("numba"), pytest.raises(GGMLShapeError, match="must be f32"):
+        refimpl.rms_norm(a, 1e-6)
+    with refimpl.backend("numba"), pytest.raises(GGMLShapeError, match="a.ne0 == b.ne0"):
+        refimpl.mul_mat(np.ones((4, 32), np.float32), np.ones((2, 64), np.float32))
+    w = refimpl.quantize(np.ones((4, 32), np.float32), "q4_0")
+    with refimpl.backend("numba"), pytest.raises(GGMLShapeError, match="out of range"):
+        refimpl.get_rows(w, np.array([4], np.int32))
+
+
+@pytest.mark.parametrize("op", OPS_WITH_KERNELS)
+def test_kernel_matches_reference_split_over_threads(op, monkeypatch):
+    """The named cases again with every kernel's per-thread minimum at 1 item: the work is split into
+    as many ranges as there are threads, so the range boundaries are exercised."""
+    from refimpl.kernels import matmul, norm, quants, recurrent, rope, softmax, unary
+    for mod in (norm, softmax, rope, unary, quants, recurrent):
+        monkeypatch.setattr(mod, "PAR_MIN", 1)
+    monkeypatch.setattr(matmul, "GEMV_MIN_MACS", 1)
+    monkeypatch.setattr("refimpl.kernels._common.n_threads", lambda: 3)
+    for case in named_cases(op)[:12]:
+        _check(case)
