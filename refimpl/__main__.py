@@ -47,10 +47,14 @@ def _cmd_inspect(args) -> int:
 
 def _cmd_demo(args) -> int:
     """Quantize real SmolLM2 weights to every type refimpl can quantize; show bits/weight and error."""
-    from . import dequantize, gguf, quantize, traits
     from .fetch import fetch
+    with _model_context(args):
+        return _demo(args, args.model or fetch("smollm2"))
+
+
+def _demo(args, path) -> int:
+    from . import dequantize, gguf, quantize, traits
     from .quants import QUANTIZERS
-    path = args.model or fetch("smollm2")
     t0 = time.perf_counter()
     f = gguf.load(path)
     print(f"loaded {path} in {time.perf_counter() - t0:.3f} s: {len(f.tensors)} tensors, arch {f.arch}")
@@ -210,6 +214,14 @@ def _load_llama(args):
 
 
 def _cmd_generate(args) -> int:
+    rwkv_path = _rwkv_path(args)
+    with _model_context(args):
+        if rwkv_path:
+            return _generate_rwkv(args, rwkv_path)
+        return _generate_llama(args)
+
+
+def _generate_llama(args) -> int:
     from .models import llama
     m = _load_llama(args)
     prompt = args.prompt
@@ -233,6 +245,14 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_chat(args) -> int:
+    rwkv_path = _rwkv_path(args)
+    with _model_context(args):
+        if rwkv_path:
+            return _chat_rwkv(args, rwkv_path)
+        return _chat_llama(args)
+
+
+def _chat_llama(args) -> int:
     from .models import llama
     m = _load_llama(args)
     if _llama2c_path(args):
@@ -266,9 +286,251 @@ def _user_turns():
         yield user
 
 
+# -- RWKV (refimpl.models.rwkv) --------------------------------------------------------------------------
+
+RWKV_CHECKPOINT_SUFFIXES = (".pth", ".pt", ".safetensors", ".npz")
+RWKV_VOCAB_FILE = "rwkv_vocab_v20230424.txt"
+
+
+def _is_rwkv_arch(arch) -> bool:
+    """general.architecture of an RWKV graph (rwkv6, rwkv7; rwkv6qwen2, arwkv7 too, which the loader refuses
+    with a message naming them)."""
+    return isinstance(arch, str) and (arch.startswith("rwkv") or arch == "arwkv7")
+
+
+def _rwkv_path(args):
+    """The RWKV model -m names: a GGUF whose general.architecture is rwkv*, or a .pth / .pt / .safetensors /
+    .npz state dict (or a .bin saved by torch.save, a zip); else None (a llama-family GGUF, a llama2.c
+    checkpoint). -c always names a llama2.c checkpoint."""
+    import os
+    path = getattr(args, "model", None)
+    if not path or getattr(args, "checkpoint", None) or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        from . import gguf
+        return path if _is_rwkv_arch(gguf.load(path).arch) else None
+    suffix = os.path.splitext(str(path))[1].lower()
+    if suffix in RWKV_CHECKPOINT_SUFFIXES or (suffix == ".bin" and magic == b"PK\x03\x04"):
+        return path
+    return None
+
+
+def _load_rwkv(args, path):
+    """The RWKV model at `path` with its tokenizer (the GGUF's, or --vocab / the World vocabulary file next to
+    the checkpoint), weights dequantized to f32 at load under the rules of --weights."""
+    import os
+    from . import gguf
+    from .models import rwkv
+    from .qtensor import QTensor, dequantize
+    from .rwkv_tokenizer import RWKVTokenizer
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+        is_gguf = f.read(4) == b"GGUF"
+    try:
+        if is_gguf:
+            from .models.rwkv import gguf_io
+            m = gguf_io.load(gguf.load(path))
+        else:
+            m = rwkv.load(path)
+    except (ValueError, ImportError, KeyError) as e:
+        raise SystemExit(f"refimpl: {e}") from None
+    vocab = args.vocab
+    if vocab is None and m.tokenizer is None:
+        beside = os.path.join(os.path.dirname(os.path.abspath(path)), RWKV_VOCAB_FILE)
+        vocab = beside if os.path.isfile(beside) else None
+    if vocab is not None:
+        try:
+            m.tokenizer = RWKVTokenizer.from_world_vocab(vocab, vocab_size=m.hparams.vocab)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"refimpl: --vocab: {e}") from None
+    if m.tokenizer is None:
+        raise SystemExit(f"refimpl: {path} has no tokenizer: pass the RWKV World vocabulary with --vocab FILE "
+                         f"({RWKV_VOCAB_FILE}; the `rwkv` pip package ships it)")
+    deq = args.weights == "f32" or (args.weights == "auto" and os.path.getsize(path) * 8 < 2 << 30)
+    if deq:
+        for k, w in m.weights.items():
+            if isinstance(w, QTensor):
+                m.weights[k] = dequantize(w)
+            elif w.dtype != np.float32:
+                m.weights[k] = np.asarray(w, np.float32)
+    hp = m.hparams
+    print(f"[loaded {path} (RWKV-{hp.variant}, {hp.n_layer} layers, {hp.n_embd} wide) in "
+          f"{time.perf_counter() - t0:.2f} s]", file=sys.stderr)
+    return m
+
+
+def _rwkv_template(m):
+    """The model's Jinja chat template, or None: RWKV's own turns (a GGUF without a template, or with llama.cpp's
+    built-in name "rwkv-world", which refimpl's and llama.cpp's converters write)."""
+    t = getattr(m.tokenizer, "chat_template", None)
+    return t if isinstance(t, str) and ("{%" in t or "{{" in t) else None
+
+
+def _rwkv_format(m, messages, add_generation_prompt: bool = True) -> str:
+    """The conversation as text: the GGUF's Jinja template, or llama.cpp's "rwkv-world" template
+    ("System: ...\\n\\n", "User: ...\\n\\n", "Assistant: ...\\n\\n", each content trimmed; "Assistant:" after a
+    last user message)."""
+    tmpl = _rwkv_template(m)
+    tok = m.tokenizer
+    if tmpl:
+        from .chat import render
+        piece = lambda i: tok.token_to_piece(i).decode("utf-8", "replace") if i is not None and i >= 0 else ""  # noqa: E731
+        return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=piece(getattr(tok, "bos_id", None)), eos_token=piece(getattr(tok, "eos_id", None)))
+    out = []
+    for i, msg in enumerate(messages):
+        role, content = msg["role"], msg["content"].strip()
+        if role == "system":
+            out.append(f"System: {content}\n\n")
+        elif role == "user":
+            out.append(f"User: {content}\n\n")
+            if i == len(messages) - 1:
+                out.append("Assistant:")
+        elif role == "assistant":
+            out.append(f"Assistant: {content}\n\n")
+    return "".join(out)
+
+
+class _CountingSampler:
+    """A Sampler that counts the tokens it draws."""
+
+    def __init__(self, sampler):
+        self.sampler, self.n = sampler, 0
+
+    def sample(self, logits, history=()):
+        self.n += 1
+        return self.sampler.sample(logits, history)
+
+
+def _generate_rwkv(args, path) -> int:
+    from .models import rwkv
+    m = _load_rwkv(args, path)
+    tok = m.tokenizer
+    prompt = args.prompt
+    if args.chat_format:
+        prompt = _rwkv_format(m, [{"role": "user", "content": prompt}])
+    else:
+        print(prompt, end="", flush=True)
+    ids = tok.encode(prompt, add_special=False)
+    if not ids:                      # an empty prompt starts a document: token 0, RWKV's separator ("<s>")
+        if tok.bos_id is None:
+            raise SystemExit("refimpl: empty prompt, and the vocabulary has no start token")
+        ids = [tok.bos_id]
+    sampler = _CountingSampler(_sampler(args))
+    t0 = time.perf_counter()
+    for piece in rwkv.generate(m, ids, max(args.n_predict, 0), sampler):
+        print(piece, end="", flush=True)
+    dt = time.perf_counter() - t0
+    print(f"\n[{len(ids)} prompt tokens, {sampler.n} tokens in {dt:.1f} s, {sampler.n / dt:.2f} tok/s]",
+          file=sys.stderr)
+    return 0
+
+
+def _rwkv_chat_turns(m, sampler, turns, *, system: str = "", n_predict: int = 64, emit=None):
+    """The conversation, one user turn at a time, keeping the recurrent state between turns: for each turn only
+    the new text goes through the model (the turn's prompt; after the reply, what closes it), never the history.
+
+    Without a Jinja template (RWKV's convention, llama.cpp's "rwkv-world"): the first turn runs
+    "System: {system}\\n\\n" (if any) and "User: {user}\\n\\nAssistant:", the reply stops at an end-of-generation
+    token (not run) or once its text holds "\\n\\n", and "\\n\\n" closes it unless the reply already ends so.
+    With a Jinja template: each turn runs what the rendered conversation adds to the text already run (the
+    whole conversation again, from a new state, if the template changed earlier text), and after the reply
+    what the template writes to close it.
+
+    emit(piece) receives the reply's text as it is generated. Yields, per turn, a dict: reply (its text),
+    ids (every token this turn ran through the model, in order: the prompt, the reply, the closing),
+    state (the RwkvState after them), restarted (True when a template forced a re-run from a new state).
+    """
+    from .models import rwkv
+    tok = m.tokenizer
+    tmpl = _rwkv_template(m)
+    stop_ids = {int(i) for i in (getattr(tok, "eog_ids", None) or ()) if i is not None and i >= 0}
+    stop_ids |= {i for i in (getattr(tok, "eos_id", None),) if i is not None and i >= 0}
+    messages = [{"role": "system", "content": system}] if system else []
+    state, logits, done, history = None, None, "", []   # done: the text `state` has seen (template mode)
+    for user in turns:
+        messages.append({"role": "user", "content": user})
+        restarted = False
+        if tmpl:
+            text = _rwkv_format(m, messages)
+            if text.startswith(done):
+                new = text[len(done):]
+            else:
+                new, state, history, restarted = text, None, [], True
+        else:
+            text = new = (f"System: {system.strip()}\n\n" if system and state is None else "") + \
+                f"User: {user.strip()}\n\nAssistant:"
+        ids = tok.encode(new, add_special=False)
+        turn_ids = list(ids)
+        if ids:
+            logits, state = rwkv.forward(m, ids, state)
+        elif logits is None:
+            raise ValueError("chat: the first turn's text is empty")
+        history += ids
+        stream = tok.stream()
+        reply_ids, reply = [], ""
+        for _ in range(n_predict):
+            t = int(sampler.sample(logits, history))
+            if t in stop_ids:
+                break
+            reply_ids.append(t)
+            history.append(t)
+            logits, state = rwkv.forward(m, [t], state)
+            piece = stream.push(t)
+            reply += piece
+            if emit and piece:
+                emit(piece)
+            if not tmpl and "\n\n" in reply:
+                break
+        tail = stream.flush()
+        reply += tail
+        if emit and tail:
+            emit(tail)
+        turn_ids += reply_ids
+        if tmpl:
+            messages.append({"role": "assistant", "content": reply})
+            ran = text + tok.decode(reply_ids)
+            closed = _rwkv_format(m, messages, add_generation_prompt=False)
+            close = closed[len(ran):] if closed.startswith(ran) else ""
+            done = closed if closed.startswith(ran) else ran
+        else:
+            messages.append({"role": "assistant", "content": reply})
+            close = "" if reply.endswith("\n\n") else "\n\n"
+        close_ids = tok.encode(close, add_special=False) if close else []
+        if close_ids:
+            logits, state = rwkv.forward(m, close_ids, state)
+            history += close_ids
+            turn_ids += close_ids
+        yield dict(reply=reply, ids=turn_ids, state=state, restarted=restarted)
+
+
+def _chat_rwkv(args, path) -> int:
+    m = _load_rwkv(args, path)
+    held = [""]
+    first = [True]
+
+    def emit(piece):                 # the reply as it comes, without its leading spaces and trailing newlines
+        s = held[0] + piece
+        if first[0]:
+            s = s.lstrip(" ")
+            first[0] = not s
+        body = s.rstrip("\n")
+        held[0] = s[len(body):]
+        print(body, end="", flush=True)
+
+    for _ in _rwkv_chat_turns(m, _sampler(args), _user_turns(), system=args.system, n_predict=args.n_predict,
+                              emit=emit):
+        print()
+        held[0], first[0] = "", True
+    return 0
+
+
 def _add_sampling_args(s):
-    s.add_argument("-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct, fetched if missing), "
-                   "or a llama2.c checkpoint (any file that is not a GGUF)")
+    s.add_argument("-m", "--model", help="GGUF file (a llama-family or an rwkv6 / rwkv7 model; default: "
+                   "SmolLM2-135M-Instruct, fetched if missing), an RWKV v4-v7 checkpoint (.pth, .safetensors, "
+                   ".npz), or a llama2.c checkpoint (any other file that is not a GGUF)")
     s.add_argument("-c", "--checkpoint", help="llama2.c checkpoint (export.py versions 0, 1, 2)")
     s.add_argument("-k", "--tokenizer", help="llama2.c tokenizer.bin (default: tokenizer.bin beside the checkpoint)")
     s.add_argument("-n", "-s", "--n-predict", "--steps", dest="n_predict", type=int, default=64,
@@ -279,7 +541,9 @@ def _add_sampling_args(s):
     s.add_argument("--top-p", type=float, default=1.0)
     s.add_argument("--min-p", type=float, default=0.0)
     s.add_argument("--repeat-penalty", type=float, default=1.0)
-    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--vocab", help="RWKV: the World vocabulary file (rwkv_vocab_v20230424.txt, as the rwkv "
+                   "package ships it) for a checkpoint, or a GGUF, without a tokenizer (default: that file next "
+                   "to the checkpoint)")
     s.add_argument("--weights", choices=["auto", "f32", "quantized"], default="auto",
                    help="dequantize weights once at load (f32) or keep them quantized (default: f32 if small)")
 
@@ -293,7 +557,8 @@ def _add_model_options(s):
     s.add_argument("--threads", type=int, default=None, help="threads for the numba kernels")
     s.add_argument("--numerics", choices=["exact", "ggml"], default=None,
                    help="exact (f32/f64, the default) or ggml (the CPU backend's roundings, where implemented)")
-    s.add_argument("--seed", type=int, default=None, help="random seed (unused by deterministic commands)")
+    s.add_argument("--seed", type=int, default=None,
+                   help="random seed (of the sampler in generate / chat; unused by deterministic commands)")
 
 
 def _model_context(args):
@@ -415,17 +680,23 @@ def main(argv=None) -> int:
     s.add_argument("-m", "--model", help="GGUF file (default: the fetched SmolLM2)")
     s.add_argument("--tensor", default="blk.0.ffn_down.weight")
     s.add_argument("--rows", type=int, default=256)
+    _add_model_options(s)
     s.set_defaults(fn=_cmd_demo)
-    s = sub.add_parser("generate", help="generate text with a llama-family GGUF model or a "
-                       "llama2.c checkpoint (-c CKPT -k tokenizer.bin)")
+    s = sub.add_parser("generate", help="generate text with a llama-family GGUF model, an RWKV model (rwkv6 / "
+                       "rwkv7 GGUF, or a v4-v7 .pth / .safetensors checkpoint) or a llama2.c checkpoint "
+                       "(-c CKPT -k tokenizer.bin)")
     s.add_argument("-p", "--prompt", required=True)
-    s.add_argument("--chat-format", action="store_true", help="wrap the prompt in the model's chat template")
+    s.add_argument("--chat-format", action="store_true", help="wrap the prompt in the model's chat template "
+                   "(RWKV without one: \"User: PROMPT\\n\\nAssistant:\")")
     _add_sampling_args(s)
+    _add_model_options(s)
     s.set_defaults(fn=_cmd_generate)
-    s = sub.add_parser("chat", help="an interactive conversation with a llama-family GGUF "
-                       "model or a llama2.c checkpoint (Llama 2 [INST] turns, as run.c)")
+    s = sub.add_parser("chat", help="an interactive conversation with a llama-family GGUF model, an RWKV model "
+                       "(its chat template, else \"User: ...\\n\\nAssistant:\" turns; the recurrent state is "
+                       "kept from turn to turn) or a llama2.c checkpoint (Llama 2 [INST] turns, as run.c)")
     s.add_argument("--system", default="", help="system message")
     _add_sampling_args(s)
+    _add_model_options(s)
     s.set_defaults(fn=_cmd_chat)
     s = sub.add_parser("embed", help="sentence embeddings with a BERT model (GGUF, Hugging Face directory, or "
                        "'minilm'), one vector per line")
@@ -453,6 +724,9 @@ def main(argv=None) -> int:
     s.add_argument("type", help="ggml type: q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, f16, bf16, ...")
     s.add_argument("--all", action="store_true", help="also quantize the embeddings (1-D tensors always stay)")
     s.set_defaults(fn=_cmd_quantize)
+    from . import check, compare
+    compare.add_parser(sub, _add_model_options)      # refimpl compare (refimpl/compare.py)
+    check.add_parser(sub, _add_model_options)        # refimpl check (refimpl/check.py)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -1,6 +1,7 @@
 """Write llama.cpp's answers for the Llama work into tests/golden_data/ (tokens, logits, greedy text).
 
-    python scripts/gen_llama_goldens.py [--model PATH] [--out tests/golden_data] [--only tokens|logits|tiny]
+    python scripts/gen_llama_goldens.py [--model PATH] [--out tests/golden_data]
+                                        [--only tokens|logits|tiny|greedy64]
 
 `--only tiny` needs no download: it writes llama_tiny.npz only (in about 3 s).
 
@@ -78,6 +79,17 @@ the teacher-forced batch's logits for the same position differ by up to ~0.65 (m
 largest top-1 difference per prompt, and where a near tie flips the argmax). The prompt positions of
 the prompt forward and of the teacher-forced forward are bit-identical. Compare refimpl's batched
 forward with `top_*`/`tf_top_*`, its token-by-token decoding with `greedy_top_*`.
+
+llama_greedy64_smollm2.npz   `--only greedy64`: 64 greedy tokens per prompt of the same PROMPTS (the faithful-mode
+                             test, tests/models/test_llama_faithful.py); "meta" as above, plus per prompt the
+                             smallest top-2 margin along the greedy path and where it is
+    p{i}_prompt_ids        int32 (n,)         the prompt's ids
+    p{i}_last_logits       f32 (n_vocab,)     the prompt's last position, full logits, from ONE llama_decode
+                           over the prompt (batched prefill)
+    p{i}_greedy_ids        int32 (64,)        greedy continuation, one llama_decode per token (as above)
+    p{i}_greedy_top_ids/_logits (64, 16)      top 16 of the logits each greedy token was picked from, f32
+                           (row 0: the prompt's last position; rows 1..: single-token decodes); the top-2
+                           margin of step k is top_logits[k, 0] - top_logits[k, 1]
 
 llama_tiny.npz   tiny random Llama GGUFs (tests/models/tiny.py's `write_tiny_llama`, fixed seeds), one per
                  entry of TINY_MODELS: GQA and MHA, tied and untied output, rope bases 1e4 .. 1e6, weights
@@ -487,6 +499,67 @@ def gen_logits(model: str, out: str, log: LogCapture) -> None:
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
 
+N_GREEDY_LONG = 64
+
+
+def gen_greedy64(model: str, out: str, log: LogCapture) -> None:
+    """llama_greedy64_smollm2.npz: N_GREEDY_LONG greedy tokens per prompt, the top-16 logits of every
+    step and the prompt's full last-position logits in f32 (the faithful-mode goldens)."""
+    import llama_cpp
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    md = rgguf.load(model).metadata
+    tokens = md["tokenizer.ggml.tokens"]
+    fmt = Jinja2ChatFormatter(md["tokenizer.chat_template"], eos_token=tokens[md["tokenizer.ggml.eos_token_id"]],
+                              bos_token=tokens[md["tokenizer.ggml.bos_token_id"]])
+    n0 = len(log.lines)
+    llm, settings = load_llama(model, vocab_only=False, logits_all=True)
+    load_log = [ln for ln in "".join(log.lines[n0:]).splitlines()
+                if "buffer size" in ln or "REPACK" in ln or "repack" in ln or "extra" in ln]
+    assert not settings["use_extra_bufts"]
+    v = llama_cpp.llama_model_get_vocab(llm.model)
+    arrays, prompts = {}, []
+    for i, (name, text) in enumerate(PROMPTS):
+        if text is None:
+            text = fmt(messages=CHAT).prompt
+        ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+        n = len(ids)
+        llm.reset()
+        llm.eval(ids)                                   # one llama_decode over the prompt
+        step = [np.array(llm.scores[n - 1], dtype=np.float32)]
+        greedy = []
+        for k in range(N_GREEDY_LONG):
+            t = int(np.argmax(step[-1]))
+            greedy.append(t)
+            if k + 1 < N_GREEDY_LONG:
+                llm.eval([t])                           # one llama_decode per token
+                step.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32))
+        top_ids, top_logits = top_k(np.stack(step))
+        margins = top_logits[:, 0] - top_logits[:, 1]
+        eog = [k for k, t in enumerate(greedy) if llama_cpp.llama_vocab_is_eog(v, t)]
+        p = f"p{i}_"
+        arrays[p + "prompt_ids"] = np.array(ids, np.int32)
+        arrays[p + "last_logits"] = step[0]
+        arrays[p + "greedy_ids"] = np.array(greedy, np.int32)
+        arrays[p + "greedy_top_ids"], arrays[p + "greedy_top_logits"] = top_ids, top_logits
+        prompts.append({"name": name, "text": text, "n_prompt": n, "messages": CHAT if name == "chat" else None,
+                        "greedy_text": detokenize(llm, greedy).decode("utf-8", "replace"),
+                        "first_eog": eog[0] if eog else None,
+                        "min_top2_margin": float(margins.min()), "min_top2_margin_step": int(margins.argmin())})
+    meta = {"about": f"llama.cpp's {N_GREEDY_LONG} greedy tokens of SmolLM2-135M-Instruct Q4_1 per prompt; see "
+                     "scripts/gen_llama_goldens.py",
+            "build": build_info(llama_cpp), "settings": settings, "model": os.path.basename(model),
+            "model_sha256": sha256_file(model), "top_k": TOP_K, "n_greedy": N_GREEDY_LONG,
+            "path": "llama.cpp CPU backend (ggml-cpu AVX2/FMA/F16C, GGML_USE_LLAMAFILE sgemm compiled in), "
+                    "no weight repacking (use_extra_bufts=False), flash attention off, KV cache f16, "
+                    "one llama_decode over the prompt, then one per greedy token",
+            "load_log": load_log, "prompts": prompts}
+    del llm
+    path = os.path.join(out, "llama_greedy64_smollm2.npz")
+    np.savez_compressed(path, meta=np.array(json.dumps(meta, ensure_ascii=False)), **arrays)
+    print(f"wrote {path} ({os.path.getsize(path)} bytes)")
+
+
 # name -> write_tiny_llama arguments; what each covers is in its name (n_head x n_head_kv, output, rope base)
 TINY_MODELS = {
     "f32_gqa4x2_untied_rope5e4": dict(n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
@@ -571,7 +644,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(model_path("smollm2")))
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--only", choices=("tokens", "logits", "tiny"))
+    ap.add_argument("--only", choices=("tokens", "logits", "tiny", "greedy64"))
     args = ap.parse_args()
     import llama_cpp
     if llama_cpp.__version__ != LLAMA_CPP_PYTHON:
@@ -585,6 +658,8 @@ def main() -> int:
         gen_logits(args.model, args.out, log)
     if args.only in (None, "tiny"):
         gen_tiny(args.out, log)
+    if args.only in (None, "greedy64"):
+        gen_greedy64(args.model, args.out, log)
     return 0
 
 

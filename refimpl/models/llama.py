@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import add, get_rows, mul, mul_mat, rms_norm, rope_ext, soft_max_ext, swiglu
+from ..ops import add, current_numerics, get_rows, mul, mul_mat, rms_norm, rope_ext, soft_max_ext, swiglu
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
@@ -286,15 +286,29 @@ class KVCache:
         return (self.k[il, :pos + T].astype(np.float32, copy=False),
                 self.v[il, :pos + T].astype(np.float32, copy=False))
 
+    def cells(self, il: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
+        """K, V of this layer's first n_kv cells (n_kv, n_head_kv, head_dim) in the cache's own dtype, as
+        llama.cpp's graph views them; cells past n_ctx read as zeros (llama.cpp's cache is a multiple of
+        KV_PAD cells, and a masked cell contributes exact zeros wherever it holds a finite value)."""
+        k, v = self.k[il, :n_kv], self.v[il, :n_kv]
+        if n_kv > self.n_ctx:
+            pad = ((0, n_kv - self.n_ctx), (0, 0), (0, 0))
+            k, v = np.pad(k, pad), np.pad(v, pad)
+        return k, v
+
     def copy(self) -> "KVCache":
         c = KVCache.__new__(KVCache)
         c.k, c.v, c.n_past, c.n_ctx = self.k.copy(), self.v.copy(), self.n_past, self.n_ctx
         return c
 
 
-def new_cache(model: LlamaModel, n_ctx: int | None = None, dtype=np.float32) -> KVCache:
+def new_cache(model: LlamaModel, n_ctx: int | None = None, dtype=None) -> KVCache:
+    """An empty KVCache for n_ctx positions (default: the training context, at most 2048). dtype None means
+    float32 in exact mode and float16 under numerics="ggml" (llama.cpp's default K/V type)."""
     hp = model.hparams
     n_ctx = n_ctx or min(hp.n_ctx_train or 2048, 2048)
+    if dtype is None:
+        dtype = np.float16 if current_numerics() == "ggml" else np.float32
     return KVCache(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim, dtype)
 
 
@@ -313,21 +327,91 @@ def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
     return np.where(j <= t, np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
 
+# -- attention as llama.cpp's CPU build computes it (numerics="ggml") -----------------------------------------
+#
+# Without flash attention llama.cpp multiplies the cache itself: kq = mul_mat(K, Q) with K the f16 (or f32)
+# cache view ne [head_dim, n_kv, n_head_kv], kqv = mul_mat(V^T, kq) with V stored transposed, so ggml-cpu
+# rounds Q and the softmax output to the cache type before the dot products. Two more facts of that build
+# (llama-cpp-python 0.3.36, measured against its graph with a cb_eval callback, refimpl.compare):
+#
+#   n_kv    the graph spans a multiple of KV_PAD cells, the unused ones masked with -inf. They add exact
+#           zeros, but they change how soft_max_ext's row splits into 8-lane chunks and its tail, and
+#           kqv's dot length, hence the roundings.
+#   sgemm   llama.cpp compiles llamafile's sgemm (GGML_USE_LLAMAFILE). For a product with at least two
+#           columns (n_tokens >= 2) and k a multiple of 8, its tinyBLAS kernel replaces ggml's vec_dot on
+#           F32 and F16 sources (the f32 activations converted to f16 first for F16): one 8-lane
+#           accumulator per output, acc = fma(a[l:l+8], b[l:l+8], acc) for l = 0, 8, ..., then hsum_b.
+#           ggml-python's build (refimpl's op-level goldens) has it off, so the op emulation is vec_dot's;
+#           only the attention products here follow llamafile (LLAMAFILE_SGEMM). A single-token decode
+#           (one column) always takes vec_dot.
+
+KV_PAD = 256            # llama.cpp's KV cache: the graph attends over ceil(n_used / KV_PAD) * KV_PAD cells
+LLAMAFILE_SGEMM = True  # numerics="ggml": attention products with >= 2 tokens follow llamafile's tinyBLAS
+SGEMM_LANES = 8         # tinyBLAS's vector width for F32/F16 on AVX2 (k must be a multiple of it)
+_SGEMM_TILE = 1 << 21   # outputs x lanes per step of _sgemm (bounds its f64 temporaries to ~50 MB)
+
+
+def n_kv_cells(n_used: int) -> int:
+    """The number of cache cells the attention spans after n_used positions are filled: n_used in exact
+    mode; under numerics="ggml" llama.cpp's padded count, a multiple of KV_PAD."""
+    if current_numerics() != "ggml":
+        return n_used
+    return -(-n_used // KV_PAD) * KV_PAD
+
+
+def _sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """llamafile's tinyBLAS product for F32/F16 a on AVX2: a (G, n, k) f16/f32, b (G, r, m, k) f32 (r heads
+    of b per head of a, ggml's broadcast) -> (G, r, m, n) f32. b is first rounded to a's type as ggml-cpu's
+    from_float does; each output is one 8-lane FMA accumulator over k, reduced by hsum_b."""
+    from ..ops.faithful.vecdot import fma32, hsum_b
+    L = SGEMM_LANES
+    A = np.asarray(a).astype(np.float32)
+    B = np.asarray(b).astype(a.dtype).astype(np.float32)
+    G, n, k = A.shape
+    r, m = B.shape[1], B.shape[2]
+    out = np.empty((G, r, m, n), np.float32)
+    step = max(1, _SGEMM_TILE // max(1, G * r * n * L))
+    for j in range(0, m, step):
+        Bj = B[:, :, j:j + step]                                       # (G, r, mt, k)
+        acc = np.zeros((L, G, r, Bj.shape[2], n), np.float32)
+        for l in range(0, k, L):
+            al = np.moveaxis(A[:, :, l:l + L], -1, 0)[:, :, None, None, :]      # (L, G, 1, 1, n)
+            bl = np.moveaxis(Bj[..., l:l + L], -1, 0)[..., None]              # (L, G, r, mt, 1)
+            acc = fma32(bl, al, acc)
+        out[:, :, j:j + step] = hsum_b(acc)
+    return out
+
+
+def _attn_mul_mat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """mul_mat(a, b) for the attention products, a (G, n, k) the cache side and b (H, m, k) f32: ggml's
+    mul_mat, or under numerics="ggml" llamafile's tinyBLAS where llama.cpp's build takes it (module notes
+    above)."""
+    G, n, k = a.shape
+    H, m, _ = b.shape
+    if (LLAMAFILE_SGEMM and current_numerics() == "ggml" and m >= 2 and k % SGEMM_LANES == 0
+            and a.dtype in (np.float16, np.float32)):
+        return _sgemm(a, b.reshape(G, H // G, m, k)).reshape(H, m, n)
+    return mul_mat(a, b)
+
+
 def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     """q (T, n_head, head_dim), k, v (n_kv, n_head_kv, head_dim) -> (T, n_head*head_dim).
 
     As llama.cpp without flash attention: kq = mul_mat(K, Q) per head (GQA: head h reads kv head
     h // (n_head/n_head_kv), mul_mat's block broadcast), softmax with scale and mask, then mul_mat(V^T, kq).
+    k and v may be the cache's f16 cells (numerics="ggml": ggml-cpu then rounds Q and the softmax output
+    to f16 before the dot products, and products with >= 2 tokens follow llamafile's sgemm, see above).
     """
     T, H, D = q.shape
     qh = np.ascontiguousarray(q.transpose(1, 0, 2))            # (H, T, D)    ne [D, T, H]
     kh = np.ascontiguousarray(k.transpose(1, 0, 2))            # (Hkv, n_kv, D)
-    kq = mul_mat(kh, qh)                                       # (H, T, n_kv) ne [n_kv, T, H]
+    kq = _attn_mul_mat(kh, qh)                                 # (H, T, n_kv) ne [n_kv, T, H]
     cap(f"kq-{il}", kq)
     kq = soft_max_ext(kq, mask, scale, 0.0)
     cap(f"kq_soft_max-{il}", kq)
     vt = np.ascontiguousarray(v.transpose(1, 2, 0))           # (Hkv, D, n_kv)
-    kqv = mul_mat(vt, kq)                                      # (H, T, D)
+    kqv = _attn_mul_mat(vt, kq)                                # (H, T, D)
+    cap(f"kqv-{il}", kqv)
     out = np.ascontiguousarray(kqv.transpose(1, 0, 2)).reshape(T, H * D)
     cap(f"kqv_out-{il}", out)
     return out
@@ -351,7 +435,10 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     cap(f"Kcur-{il}", k)
     cap(f"Vcur-{il}", v)
     kk, vv = cache.store(il, k, v, pos)
+    if current_numerics() == "ggml":                 # llama.cpp's view: the cells as stored, padded span
+        kk, vv = cache.cells(il, mask.shape[-1])
     attn = mul_mat(w.attn_output, attention(q, kk, vv, mask, 1.0 / float(np.sqrt(D)), cap, il))
+    cap(f"attn_out-{il}", attn)
     ffn_inp = add(attn, x)
     cap(f"ffn_inp-{il}", ffn_inp)
     cur = mul(rms_norm(ffn_inp, hp.rms_eps), w.ffn_norm)
@@ -376,7 +463,7 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
     pos, T = cache.n_past, tokens.size
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)
-    mask = causal_mask(T, pos + T, pos)
+    mask = causal_mask(T, n_kv_cells(pos + T), pos)
     for il, w in enumerate(model.layers):
         x = layer(x, w, hp, cache, il, pos, mask, cap)
     cache.n_past = pos + T

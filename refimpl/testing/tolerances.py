@@ -368,3 +368,66 @@ def tol(what: str, type: str = "*", against: str = "ggml") -> Tol:
         if key in TOLERANCES:
             return TOLERANCES[key]
     raise KeyError(f"no tolerance for {(what, type, against)}: add it to refimpl/testing/tolerances.py")
+
+
+# -- llama.cpp tensor by tensor (refimpl.compare) and refimpl's own equivalences (refimpl.check) -----------
+# compare: NMSE per intermediate tensor (and the logits) of refimpl's forward against llama.cpp's graph on
+# the same tokens (llama-cpp-python 0.3.36, CPU, no repacking, f16 KV cache); the weight type is that of
+# blk.0.ffn_down. Measured on the tiny random Llamas of llama_tiny.npz (32 tokens) and SmolLM2-135M Q4_1
+# ("The capital of France is", 5 tokens). Exact mode runs refimpl's f32 KV cache.
+TOLERANCES.update({
+    ("compare", "f32", "exact"): Tol(nmse=1e-6, why="measured worst 1.5e-7 (kq-1; logits 3.9e-8, 4.8e-8): "
+                                     "llama.cpp's f16 cache and f16 Q, KQ in the attention products"),
+    ("compare", "f16", "exact"): Tol(nmse=2e-6, why="measured worst 4.6e-7 (kqv-1; logits 2.0e-7): f16 "
+                                     "activations before every F16 mat-mul, plus the f16 attention"),
+    **{("compare", t, "exact"): Tol(nmse=2e-3, why="measured worst 3.5e-4 (q8_0 ffn_out-2), 3.0e-4 (q4_0 "
+                                    "ffn_out-1): Q8_0 activation blocks before every weight mat-mul")
+       for t in ("q8_0", "q4_0")},
+    ("compare", "*", "exact"): Tol(nmse=3e-2, why="SmolLM2 Q4_1 over 30 layers: measured worst 8.1e-3 (kqv-5), "
+                                   "logits 2.5e-3, first difference at Qcur-0 (7e-6): Q8_1 activation rounding "
+                                   "amplified layer by layer"),
+    ("compare", "f32", "ggml"): Tol(nmse=5e-9, why="measured worst 6.4e-10 (logits 1.4e-11, 1.1e-10): llama.cpp "
+                                    "multiplies F32 weights by llamafile's tinyBLAS for >= 2 tokens; the op "
+                                    "emulation is vec_dot's (ggml-python's build), only the attention follows "
+                                    "tinyBLAS. With the weights through llama._sgemm too: identical bits"),
+    ("compare", "f16", "ggml"): Tol(nmse=1e-6, why="measured worst 1.9e-7 (ffn_out-1; logits 7.0e-8): F16 "
+                                    "weights through llamafile's tinyBLAS in llama.cpp, as for f32"),
+    ("compare", "*", "ggml"): Tol(exact=True, why="block-quantized weights (q8_0, q4_0 tiny models; SmolLM2 "
+                                  "Q4_1 with its Q8_0 output): every intermediate and the logits measured "
+                                  "bit-identical"),
+    # check: one Row per pair, NMSE of the logits (tiny models: 12 tokens; SmolLM2: 6 tokens)
+    **{(f"llama.check.{p}", "*", "exact"): Tol(nmse=1e-10, why="one forward per token, chunks, a forked cache "
+                                               "and one prefill differ only in f64-summed dot products over "
+                                               "different lengths: measured identical bits")
+       for p in ("token-by-token", "chunked", "cache")},
+    **{(f"llama.check.{p}", "*", "ggml"): Tol(nmse=1e-2, why="llama.cpp's own paths differ: single-token "
+                                              "decodes use vec_dot, batches llamafile's sgemm, then every Q8 "
+                                              "activation rounding amplifies that: SmolLM2, 68 tokens, "
+                                              "token-by-token 9.8e-4 (max |d| 1.6), chunked and cache "
+                                              "identical; f32 tiny 9.3e-12 (llama.cpp's own greedy vs batched "
+                                              "SmolLM2 logits differ by up to 0.65)")
+       for p in ("token-by-token", "chunked", "cache")},
+    ("llama.check.numba", "*", "exact"): Tol(nmse=1e-10, why="the numba kernels implement exact mode: f64 sums "
+                                             "in another order at most"),
+    ("llama.check.exact-ggml", "f32", "ggml"): Tol(nmse=1e-6, why="measured 4.7e-8, 5.7e-8: f16 cache and "
+                                                   "attention roundings"),
+    ("llama.check.exact-ggml", "f16", "ggml"): Tol(nmse=2e-6, why="measured 2.1e-7: f16 activations"),
+    ("llama.check.exact-ggml", "*", "ggml"): Tol(nmse=1e-2, why="measured 2.4e-4 (q8_0), 1.4e-4 (q4_0), SmolLM2 "
+                                                 "Q4_1 ~1e-3 (the exact-mode NMSE against llama.cpp): Q8 "
+                                                 "activation blocks"),
+})
+
+# llama.forward under numerics="ggml" against llama.cpp's stored logits (tests/models/test_llama_faithful.py)
+TOLERANCES.update({
+    ("llama.forward", "f32", "llama.cpp-ggml"): Tol(nmse=1e-9, why="tiny F32 models, every position: measured "
+                                                    "1.4e-11, 1.1e-10 (exact mode 3.9e-8, 4.8e-8). llama.cpp "
+                                                    "multiplies F32 weights by llamafile's tinyBLAS for >= 2 "
+                                                    "tokens, the op emulates vec_dot; routing the weight "
+                                                    "products through llama._sgemm gives identical bits"),
+    ("llama.forward", "f16", "llama.cpp-ggml"): Tol(nmse=5e-7, why="tiny F16 model: measured 7.0e-8 (exact mode "
+                                                    "2.0e-7): tinyBLAS for the F16 weight products, as f32; "
+                                                    "identical bits with them through llama._sgemm"),
+    ("llama.forward", "*", "llama.cpp-ggml"): Tol(exact=True, why="block-quantized weights: tiny Q8_0 and Q4_0 "
+                                                  "models (every position) and SmolLM2 Q4_1 (prompt logits and "
+                                                  "64 greedy decodes per golden prompt) measured bit-identical"),
+})

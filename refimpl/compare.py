@@ -1,0 +1,510 @@
+"""refimpl against llama.cpp (a whole model, tensor by tensor) and against ggml (one op).
+
+    from refimpl.compare import compare, compare_op, format_table
+    rows = compare("model.gguf", "The capital of France is", numerics="ggml")
+    print(format_table(rows))                  # name, shape, NMSE, max |d|, budget, first tensor over it
+    rows = compare_op("soft_max_ext", numerics="ggml")
+
+`compare` runs the prompt's tokens through llama.cpp (llama-cpp-python's low-level API: CPU backend, no
+weight repacking, flash attention off, f16 KV cache, one micro-batch, logits for every position) with a
+graph-evaluation callback (`llama_context_params.cb_eval`) that copies every named tensor as it is
+computed, and through `refimpl.models.llama.forward(capture=)` on the same token ids. Rows line up by
+llama.cpp's tensor names (`attn_norm-0`, `Qcur-0`, `kq-0`, `kqv_out-0`, `ffn_out-0`, `l_out-0`,
+`result_norm`, `result_output`, ...), in llama.cpp's evaluation order; where a name occurs several times
+in its graph (`Qcur-0` before and after rope) the last one counts, as in refimpl's capture.
+
+Shapes: NumPy order, ggml's `ne` reversed. llama.cpp's attention spans a multiple of 256 KV cells (the
+unused ones masked); in exact mode refimpl spans only the filled cells, and those rows compare the first
+cells of llama.cpp's `kq-*` / `kq_soft_max-*` (the note says so). Under numerics="ggml" refimpl spans the
+same cells as llama.cpp.
+
+Budgets are NMSE bounds per tensor from the tolerance table (`("compare", weight type, numerics)`), the
+weight type being that of `blk.0.ffn_down.weight`; `over` marks a tensor beyond its budget.
+`compare_op` runs an op's named golden cases and a few drawn ones (`refimpl.testing.cases`) through refimpl
+and through ggml-python and judges each by the op's entry in the tolerance table.
+
+Needs llama-cpp-python (`compare`) or ggml-python (`compare_op`); neither is imported before use.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+# llama.cpp tensor types whose values are read (ggml_type: numpy dtype)
+_GGML_DTYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64,
+                28: np.float64}
+_LOG_LINES: list[str] = []          # llama.cpp's log while refimpl.compare drives it
+_KEEP: list = []                    # ctypes callbacks that llama.cpp may still call
+
+
+class Row(NamedTuple):
+    """One compared tensor (or op case): NMSE and max |d| of refimpl's values against the oracle's."""
+    name: str
+    shape: tuple                     # NumPy order (refimpl's); ggml ne is shape[::-1]
+    nmse: float
+    max_abs: float
+    budget: float                    # the NMSE bound (0.0: identical bits required)
+    over: bool
+    note: str = ""
+
+    @property
+    def ne(self) -> list[int]:
+        return list(self.shape)[::-1]
+
+
+@dataclass
+class LlamaCppRun:
+    """What one llama.cpp decode produced: logits (n_tokens, n_vocab) f32, the named tensors (NumPy
+    order, the last of each name), their evaluation order, the build's system info and its log."""
+    logits: np.ndarray
+    tensors: dict = field(default_factory=dict)
+    order: list = field(default_factory=list)
+    system_info: str = ""
+    log: str = ""
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def profile_problems(system_info: str) -> list[str]:
+    """How a llama.cpp build differs from the one refimpl's numerics="ggml" follows (x86-64 AVX2/FMA/F16C,
+    llamafile sgemm compiled in, no AVX-512, AVX-VNNI or AMX), from `llama_print_system_info()`; empty
+    when it is that build."""
+    flags = {}
+    for part in system_info.replace("|", "\n").splitlines():
+        if "=" in part:
+            k, _, v = part.partition("=")
+            flags[k.strip()] = v.strip()
+    want = {"AVX": "1", "AVX2": "1", "FMA": "1", "F16C": "1", "LLAMAFILE": "1"}
+    bad = [f"{k} = {flags.get(k, 'absent')} (want {v})" for k, v in want.items() if flags.get(k) != v]
+    bad += [f"{k} = 1" for k, v in flags.items()
+            if v == "1" and (k.startswith(("AVX512", "AMX")) or k == "AVX_VNNI")]
+    return bad
+
+
+class _TensorHead(ctypes.Structure):
+    """The leading fields of ggml.h's `struct ggml_tensor` (type, buffer, ne[4], nb[4]), a stable prefix
+    of the struct; the name and data are read through ggml's own functions."""
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4)]
+
+
+def _ggml_lib():
+    """llama-cpp-python's libggml with the few tensor accessors used here declared."""
+    from llama_cpp import _ggml
+    lib = _ggml.libggml
+    for name, args, res in (("ggml_get_name", [ctypes.c_void_p], ctypes.c_char_p),
+                            ("ggml_nbytes", [ctypes.c_void_p], ctypes.c_size_t),
+                            ("ggml_backend_tensor_get", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                         ctypes.c_size_t], None)):
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, res
+    return lib
+
+
+def _read_tensor(lib, t) -> np.ndarray | None:
+    """A computed ggml tensor's values as a NumPy array (ggml_n_dims dims, views followed through their
+    strides), or None for a type without a NumPy dtype."""
+    h = _TensorHead.from_address(t)
+    dt = _GGML_DTYPES.get(h.type)
+    if dt is None:
+        return None
+    ne, nb = [int(x) for x in h.ne], [int(x) for x in h.nb]
+    n_dims = max([i + 1 for i in range(4) if ne[i] > 1] + [1])
+    size = int(lib.ggml_nbytes(t))
+    buf = np.empty(max(size, 1), np.uint8)
+    if size:
+        lib.ggml_backend_tensor_get(t, buf.ctypes.data, 0, size)
+    item = np.dtype(dt).itemsize
+    flat = buf[: size - size % item].view(dt) if size >= item else np.zeros(1, dt)
+    arr = np.lib.stride_tricks.as_strided(flat, tuple(ne[:n_dims][::-1]), tuple(nb[:n_dims][::-1]))
+    return np.array(arr, copy=True)
+
+
+def _wanted(name: str) -> bool:
+    """llama.cpp's callback names (cb(cur, "name", il) -> "name-il", or "name"); not ggml's derived names
+    ("Qcur-0 (reshaped)", "node_12", "leaf_3")."""
+    return bool(name) and " " not in name and not name.startswith(("node_", "leaf_"))
+
+
+def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
+                  type_kv: int = 1) -> LlamaCppRun:
+    """One llama_decode of `tokens` (logits for every position) on llama.cpp's CPU backend, as the goldens
+    were made: no weight repacking (use_extra_bufts=False), flash attention off, K/V cache of ggml type
+    `type_kv` (1: f16, llama.cpp's default; 0: f32), n_batch = n_ubatch >= len(tokens). With `capture`
+    every named tensor of the graph is copied as it is computed (cb_eval)."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as C
+    tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
+    if not tokens:
+        raise ValueError("run_llama_cpp: no tokens")
+    lib = _ggml_lib()
+
+    @C.llama_log_callback
+    def log_cb(level, text, user_data):
+        _LOG_LINES.append(text.decode("utf-8", "replace"))
+    _KEEP.append(log_cb)
+    del _LOG_LINES[:]
+    C.llama_log_set(log_cb, ctypes.c_void_p(0))
+    C.llama_backend_init()
+    run = LlamaCppRun(logits=np.zeros((0, 0), np.float32),
+                      system_info=llama_cpp.llama_print_system_info().decode())
+    errors: list[BaseException] = []
+
+    @C.ggml_backend_sched_eval_callback
+    def eval_cb(t, ask, user_data):
+        try:
+            name = lib.ggml_get_name(t).decode("utf-8", "replace")
+            if ask:
+                return _wanted(name)
+            arr = _read_tensor(lib, t)
+            if arr is not None:
+                run.tensors[name] = arr
+                if name in run.order:
+                    run.order.remove(name)
+                run.order.append(name)
+        except BaseException as e:           # an exception must not cross into C: record, go on
+            errors.append(e)
+        return True
+    _KEEP.append(eval_cb)
+
+    mp = C.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    mp.use_extra_bufts = False                # weights stay in their GGUF layout (no CPU_REPACK buffer)
+    model = C.llama_model_load_from_file(str(model_path).encode(), mp)
+    if not model:
+        raise ValueError(f"{model_path}: llama.cpp could not load the model:\n" + "".join(_LOG_LINES[-20:]))
+    ctx = batch = None
+    try:
+        cp = C.llama_context_default_params()
+        cp.n_ctx = max(int(n_ctx), len(tokens))
+        cp.n_batch = cp.n_ubatch = max(512, len(tokens))
+        cp.n_seq_max = 1
+        cp.n_threads = cp.n_threads_batch = int(n_threads)
+        cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.type_k = cp.type_v = int(type_kv)
+        cp.offload_kqv = False
+        if capture:
+            cp.cb_eval = eval_cb
+            cp.cb_eval_user_data = None
+        ctx = C.llama_init_from_model(model, cp)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not create a context:\n" + "".join(_LOG_LINES[-20:]))
+        n = len(tokens)
+        batch = C.llama_batch_init(n, 0, 1)
+        batch.n_tokens = n
+        for i, tok in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
+        rc = C.llama_decode(ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}:\n" + "".join(_LOG_LINES[-20:]))
+        if errors:
+            raise errors[0]
+        n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
+        run.logits = np.stack([np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, i), (n_vocab,)).copy()
+                               for i in range(n)])
+    finally:
+        if batch is not None:
+            C.llama_batch_free(batch)
+        if ctx:
+            C.llama_free(ctx)
+        C.llama_model_free(model)
+        run.log = "".join(_LOG_LINES)
+    return run
+
+
+# -- the model comparison ------------------------------------------------------------------------------
+
+ALIASES = {"inp_embd": "embd"}      # refimpl's capture name -> llama.cpp's, where they differ
+
+
+def weight_type(model) -> str:
+    """The ggml type name (lowercase) of a llama model's blk.0.ffn_down weight: the budget's row."""
+    from .ops.matmul import ggml_type
+    from .types import traits
+    return traits(ggml_type(model.layers[0].ffn_down)).name.lower()
+
+
+def budget(wtype: str, numerics: str) -> float:
+    """The NMSE budget per tensor for a model of weight type `wtype` compared in `numerics` mode."""
+    from .testing.tolerances import tol
+    t = tol("compare", wtype, numerics)
+    return 0.0 if t.exact else float(t.nmse)
+
+
+def _align(ours: np.ndarray, theirs: np.ndarray):
+    """(theirs cut to ours' shape, note) when they line up: equal shapes, equal ggml ne, or theirs
+    spanning more KV cells on the last axis (llama.cpp's padded attention); else (None, why)."""
+    if ours.shape == theirs.shape:
+        return theirs, ""
+    if ours.size == theirs.size and [d for d in ours.shape if d != 1] == [d for d in theirs.shape if d != 1]:
+        return theirs.reshape(ours.shape), ""
+    if (ours.ndim == theirs.ndim and ours.shape[:-1] == theirs.shape[:-1]
+            and ours.shape[-1] < theirs.shape[-1]):
+        return theirs[..., :ours.shape[-1]], f"first {ours.shape[-1]} of llama.cpp's {theirs.shape[-1]} KV cells"
+    return None, f"llama.cpp has ne {list(theirs.shape[::-1])}"
+
+
+def _row(name, ours, theirs, bud, note="") -> Row:
+    from .testing import nmse
+    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if not np.array_equal(fa, fb) or not np.array_equal(a[~fa], b[~fb]):
+        bad = int(np.sum(fa != fb))
+        return Row(name, tuple(np.shape(ours)), math.inf, math.inf, bud, True,
+                   (note + "; " if note else "") + f"non-finite values differ ({bad} places)")
+    e = nmse(a[fa], b[fb]) if fa.any() else 0.0
+    d = float(np.max(np.abs(a[fa] - b[fb]))) if fa.any() else 0.0
+    if bud == 0.0:
+        over = not np.array_equal(np.asarray(ours).astype(np.float32).view(np.uint32),
+                                  np.asarray(theirs).astype(np.float32).view(np.uint32))
+    else:
+        over = not e <= bud
+    return Row(name, tuple(np.shape(ours)), e, d, bud, over, note)
+
+
+def run_refimpl(model, tokens, *, numerics: str = "exact", cache_dtype=None):
+    """refimpl's forward over `tokens` in `numerics` mode with every intermediate captured:
+    (logits, {name: array}). numerics="ggml" runs the NumPy backend (the emulations are NumPy code)."""
+    from . import backend
+    from . import numerics as numerics_mode
+    from .models import llama
+    got: dict = {}
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(numerics_mode(numerics))
+        if numerics == "ggml":
+            stack.enter_context(backend("numpy"))
+        cache = llama.new_cache(model, max(len(tokens), 1), dtype=cache_dtype)
+        logits = llama.forward(model, tokens, cache, capture=got)
+    return logits, got
+
+
+def compare(model_path, prompt=None, *, numerics: str = "exact", tokens=None, n_ctx: int = 512,
+            n_threads: int = 2, cache_dtype=None, max_budget: float | None = None) -> list[Row]:
+    """refimpl's forward against llama.cpp's, tensor by tensor, on one prompt (or the token ids `tokens`):
+    one Row per tensor name both produce, in llama.cpp's evaluation order, then the logits.
+
+    The prompt is tokenized by refimpl (with the model's special tokens, as llama.cpp's tokenizer does);
+    both sides then run the same ids. cache_dtype: refimpl's KV cache type (default: f32 in exact mode,
+    f16 under numerics="ggml"; llama.cpp's cache is f16). max_budget overrides the table's budget."""
+    from .models import llama
+    model = llama.load(model_path)
+    if tokens is None:
+        if prompt is None:
+            raise ValueError("compare: give a prompt or tokens")
+        if model.tokenizer is None:
+            raise ValueError(f"{model_path}: no tokenizer in the GGUF; pass tokens=")
+        tokens = model.tokenizer.encode(prompt, add_special=True)
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    if tokens.size == 0:
+        raise ValueError("compare: the prompt has no tokens")
+    ref = run_llama_cpp(model_path, tokens, n_ctx=max(n_ctx, len(tokens)), n_threads=n_threads)
+    logits, ours = run_refimpl(model, tokens, numerics=numerics, cache_dtype=cache_dtype)
+    bud = budget(weight_type(model), numerics) if max_budget is None else float(max_budget)
+    by_cpp = {ALIASES.get(n, n): n for n in ours}
+    rows = []
+    for cname in ref.order:
+        if cname not in by_cpp:
+            continue
+        name = by_cpp[cname]
+        theirs, note = _align(np.asarray(ours[name]), ref.tensors[cname])
+        if theirs is None:
+            rows.append(Row(name, tuple(np.shape(ours[name])), math.nan, math.nan, bud, True, note))
+            continue
+        rows.append(_row(name, ours[name], theirs, bud, note))
+    rows.append(_row("logits", logits, ref.logits, bud, "llama_get_logits_ith, every position"))
+    return rows
+
+
+# -- one op against ggml-python --------------------------------------------------------------------------
+
+def _drawn_cases(op: str, n: int, seed: int) -> list:
+    """n OpCases of the op's hypothesis strategy, drawn reproducibly (derandomized by seed)."""
+    if n <= 0:
+        return []
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+    from .testing.cases import op_cases
+    out: list = []
+
+    @hseed(seed)
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=op_cases(op))
+    def collect(case):
+        out.append(case)
+    collect()
+    return out[:n]
+
+
+def compare_op(op: str, *, numerics: str = "exact", n_cases: int = 10, seed: int = 0,
+               named: bool = True) -> list[Row]:
+    """One op against ggml-python: the op's named golden cases (named=True) and n_cases drawn ones, each
+    run by refimpl in `numerics` mode (NumPy backend) and by ggml, judged by the tolerance table's entry
+    (op, case type, "ggml-faithful" under numerics="ggml" where there is one, else "ggml")."""
+    from . import backend
+    from . import numerics as numerics_mode
+    from .testing import ggml as oracle
+    from .testing.cases import named_cases
+    from .testing.golden import check_values
+    from .testing.tolerances import tol
+    if not oracle.available():
+        raise ImportError("compare_op needs ggml-python==0.0.45 (pip install 'refimpl[test]')")
+    cases = (named_cases(op) if named else []) + _drawn_cases(op, n_cases, seed)
+    if not cases:
+        raise KeyError(f"no golden cases for op {op!r} (refimpl.testing.cases)")
+    rows = []
+    for case in cases:
+        t = None
+        if numerics == "ggml":
+            with contextlib.suppress(KeyError):
+                t = tol(case.op, case.type, "ggml-faithful")
+        t = t or tol(case.op, case.type, "ggml")
+        bud = 0.0 if t.exact else (t.nmse if t.nmse is not None else math.nan)
+        with numerics_mode(numerics), backend("numpy"), np.errstate(all="ignore"):
+            ours = case.run()
+        theirs = case.run_ggml()
+        a, e = _values(ours), _values(theirs)
+        shape = tuple(np.shape(a))
+        note = ""
+        try:
+            if t.exact and not isinstance(ours, (tuple, list)):
+                _same_bits(ours, theirs)
+            else:
+                check_values(ours, theirs, t, case.name)
+            over = False
+        except AssertionError as err:
+            over, note = True, str(err).replace(case.name + ": ", "").splitlines()[0][:160]
+        if a.size == e.size:
+            e = e.reshape(a.shape)
+            fin = np.isfinite(a) & np.isfinite(e)
+            from .testing import nmse
+            err_n = nmse(a[fin], e[fin]) if fin.any() else 0.0
+            d = float(np.max(np.abs(a[fin] - e[fin]))) if fin.any() else 0.0
+        else:
+            err_n = d = math.nan
+        if t.max_ulp is not None and not note:
+            note = f"budget {t.max_ulp} ulp"
+        rows.append(Row(case.name, shape, err_n, d, bud, over, note))
+    return rows
+
+
+def _same_bits(actual, expected) -> None:
+    """Identical bits, NaNs only in the same places (their payloads and signs may differ, as ggml's own
+    NaN results do); raises AssertionError naming the first difference."""
+    from .qtensor import QTensor
+    if isinstance(actual, QTensor) or isinstance(expected, QTensor):
+        a, e = np.asarray(getattr(actual, "data", actual)), np.asarray(getattr(expected, "data", expected))
+        if a.shape != e.shape or not np.array_equal(a, e):
+            raise AssertionError("the blocks differ")
+        return
+    a, e = np.asarray(actual), np.asarray(expected)
+    if a.dtype != e.dtype or a.size != e.size:
+        raise AssertionError(f"{a.dtype}{a.shape} != expected {e.dtype}{e.shape}")
+    a, e = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(e).reshape(-1)
+    if a.dtype.kind != "f":
+        bad = a != e
+    else:
+        na, ne_ = np.isnan(a), np.isnan(e)
+        u = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+        bad = (na != ne_) | ((a.view(u) != e.view(u)) & ~na)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise AssertionError(f"{int(bad.sum())} of {a.size} values differ, first at flat index {i}: "
+                             f"{a[i]!r} != {e[i]!r}")
+
+
+def _values(x) -> np.ndarray:
+    from .qtensor import QTensor, dequantize
+    if isinstance(x, QTensor):
+        return dequantize(x).astype(np.float64)
+    if isinstance(x, (tuple, list)):
+        return np.concatenate([_values(v).reshape(-1) for v in x])
+    return np.asarray(x).astype(np.float64)
+
+
+# -- printing and the command line ---------------------------------------------------------------------
+
+def first_over(rows: list[Row]) -> Row | None:
+    return next((r for r in rows if r.over), None)
+
+
+def format_table(rows: list[Row], title: str = "", kind: str = "tensor") -> str:
+    """The rows as a text table: name, ggml ne, NumPy shape, NMSE, max |d|, budget, and a last line naming
+    the first `kind` (tensor, case, check) over its budget (or saying there is none)."""
+    def num(x):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}" if x else "0"
+    head = ("name", "ne", "numpy shape", "NMSE", "max|d|", "budget", "")
+    body = [(r.name, str(r.ne).replace(" ", ""), str(tuple(r.shape)).replace(" ", ""), num(r.nmse),
+             num(r.max_abs), num(r.budget) if r.budget else "identical", ("OVER " if r.over else "") + r.note)
+            for r in rows]
+    w = [max(len(x[i]) for x in [head] + body) for i in range(6)]
+    lines = [title] if title else []
+    lines.append("  ".join(h.ljust(w[i]) if i < 3 else h.rjust(w[i]) for i, h in enumerate(head[:6])).rstrip())
+    for x in body:
+        lines.append("  ".join(v.ljust(w[i]) if i < 3 else v.rjust(w[i]) for i, v in enumerate(x[:6]))
+                     + ("  " + x[6] if x[6] else ""))
+    f = first_over(rows)
+    lines.append(f"first {kind} over budget: {f.name} (NMSE {num(f.nmse)} > {num(f.budget)})" if f
+                 else f"no {kind} over budget ({len(rows)} compared)")
+    return "\n".join(lines)
+
+
+def add_parser(sub, add_model_options) -> None:
+    """Register `refimpl compare` on the command line's subparsers."""
+    s = sub.add_parser("compare", help="refimpl vs llama.cpp tensor by tensor on a prompt (-m MODEL -p PROMPT), "
+                       "or one op vs ggml-python (--op OP)")
+    s.add_argument("-m", "--model", help="llama-family GGUF file (compared with llama.cpp through llama-cpp-python)")
+    s.add_argument("-p", "--prompt", help="prompt text (tokenized by refimpl, with the model's special tokens)")
+    s.add_argument("--tokens", help="comma-separated token ids instead of a prompt")
+    s.add_argument("--op", help="compare one op with ggml-python over its golden cases instead of a model")
+    s.add_argument("--cases", type=int, default=10, help="--op: drawn cases besides the named ones (default 10)")
+    s.add_argument("--n-ctx", type=int, default=512, help="llama.cpp's context size (default 512)")
+    s.add_argument("--cpp-threads", type=int, default=2, help="llama.cpp's threads (default 2)")
+    s.add_argument("--budget", type=float, default=None, help="NMSE budget per tensor instead of the table's")
+    add_model_options(s)
+    s.set_defaults(fn=cli)
+
+
+def cli(args) -> int:
+    """`refimpl compare`: print the table; exit status 1 when a tensor (or case) is over its budget."""
+    import sys
+    mode = args.numerics or "exact"
+    try:
+        if args.op:
+            rows = compare_op(args.op, numerics=mode, n_cases=args.cases, seed=args.seed or 0)
+            title = f"{args.op}: refimpl (numerics={mode}) vs ggml-python, {len(rows)} cases"
+        else:
+            if not args.model or (args.prompt is None and not args.tokens):
+                print("refimpl compare: give -m MODEL with -p PROMPT (or --tokens), or --op OP", file=sys.stderr)
+                return 2
+            if not llama_cpp_available():
+                print("refimpl compare: needs llama-cpp-python (pip install llama-cpp-python)", file=sys.stderr)
+                return 2
+            toks = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+            ctx = contextlib.ExitStack()
+            if getattr(args, "backend", None) and mode != "ggml":
+                from . import backend
+                ctx.enter_context(backend(args.backend))
+            with ctx:
+                rows = compare(args.model, args.prompt, numerics=mode, tokens=toks, n_ctx=args.n_ctx,
+                               n_threads=args.cpp_threads, max_budget=args.budget)
+            title = f"{args.model}: refimpl (numerics={mode}) vs llama.cpp"
+    except (ValueError, KeyError, ImportError) as e:
+        print(f"refimpl compare: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows, title, "case" if args.op else "tensor"))
+    return 1 if first_over(rows) else 0

@@ -1,0 +1,173 @@
+"""numerics="ggml" end to end: refimpl's Llama forward against llama.cpp's stored logits, bit for bit.
+
+Under numerics="ggml" with an f16 KV cache refimpl follows llama.cpp's CPU graph (refimpl/models/llama.py,
+"attention as llama.cpp's CPU build computes it"): the f16 cache cells go into the attention products, the
+attention spans a multiple of 256 cells, and products over >= 2 tokens take llamafile's tinyBLAS order.
+
+    tiny random Llamas (llama_tiny.npz)  Q8_0, Q4_0: identical bits at every position. F32, F16: within the
+                                         measured bound, because llama.cpp also sends their *weight*
+                                         products through tinyBLAS, which the op emulation (ggml-python's
+                                         build) does not; with those routed through llama._sgemm as well,
+                                         identical bits.
+    SmolLM2-135M Q4_1 (llama_greedy64_smollm2.npz, if the GGUF is cached)
+                                         a short prompt: its logits and 8 greedy tokens identical to
+                                         llama.cpp's, the top-16 logits of each step bit for bit. The full
+                                         64 tokens on every golden prompt take about 10 minutes here:
+                                         scripts/faithful_greedy64.py (docs/numerics.md records the result).
+"""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import refimpl
+from refimpl.models import llama
+from refimpl.testing import assert_bits_equal, nmse, tol
+
+from .._models import smollm2_path
+from .tiny import write_tiny_llama
+
+DATA = pathlib.Path(__file__).parent.parent / "golden_data"
+_T = np.load(DATA / "llama_tiny.npz", allow_pickle=False)
+TINY = {m["name"]: m for m in json.loads(str(_T["meta"]))["models"]}
+N_GREEDY_CI = 8
+
+
+@pytest.fixture(autouse=True)
+def _numpy_backend():
+    """The emulations are NumPy code (kernels of other backends implement exact mode only)."""
+    with refimpl.backend("numpy"):
+        yield
+
+
+def _forward(model, tokens, mode, **cache_kw):
+    with refimpl.numerics(mode):
+        return llama.forward(model, tokens, llama.new_cache(model, len(tokens), **cache_kw))
+
+
+@pytest.fixture(scope="module", params=sorted(TINY))
+def tiny(request, tmp_path_factory):
+    """(entry, model, tokens, llama.cpp's logits) for one tiny model."""
+    m = TINY[request.param]
+    path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / f"{m['name']}.gguf", **m["writer_args"])
+    return m, llama.load(path), _T[f"{m['name']}_tokens"], _T[f"{m['name']}_logits"]
+
+
+def test_tiny_ggml_mode_matches_llama_cpp(tiny, record_property):
+    """Block-quantized weights: identical bits. F32/F16: the measured bound (tinyBLAS weight products);
+    F32 and the quantized models are also >= 100x closer than exact mode (F16 ~3x: its residual is
+    the F16 weight products, rounded through f16 either way)."""
+    m, model, tokens, ref = tiny
+    wtype = m["writer_args"]["wtype"]
+    ours = _forward(model, tokens, "ggml")
+    exact = _forward(model, tokens, "exact")
+    e, e_exact = nmse(ours, ref), nmse(exact, ref)
+    record_property("nmse_ggml", e)
+    record_property("nmse_exact", e_exact)
+    t = tol("llama.forward", wtype, "llama.cpp-ggml")
+    if t.exact:
+        assert_bits_equal(ours, ref, m["name"])
+    else:
+        assert e <= t.nmse, f"{m['name']}: NMSE {e:.2e} > {t.nmse:.1e}"
+    if wtype != "f16":
+        assert e <= e_exact / 100, f"{m['name']}: ggml {e:.2e} vs exact {e_exact:.2e}"
+
+
+def test_tiny_bit_exact_with_weight_products_through_sgemm(tiny, monkeypatch):
+    """The F32/F16 residual is llamafile's tinyBLAS on the weight products and nothing else: with every
+    F32/F16 weight product over >= 2 tokens in that order too, all five models match llama.cpp bit for bit."""
+    m, model, tokens, ref = tiny
+    plain = llama.mul_mat
+
+    def mul_mat(a, b):
+        if (isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float16) and a.ndim == 2 and b.ndim == 2
+                and b.shape[0] >= 2 and a.shape[1] % llama.SGEMM_LANES == 0):
+            return llama._sgemm(a[None], b[None, None])[0, 0]
+        return plain(a, b)
+    monkeypatch.setattr(llama, "mul_mat", mul_mat)
+    assert_bits_equal(_forward(model, tokens, "ggml"), ref, m["name"])
+
+
+def test_ggml_mode_spans_llama_cpp_kv_cells(tiny):
+    """ggml mode: an f16 cache by default and 256-cell attention rows (masked cells softmax to 0);
+    exact mode: an f32 cache and rows over the filled cells only."""
+    m, model, tokens, _ = tiny
+    hp = model.hparams
+    with refimpl.numerics("ggml"):
+        c = llama.new_cache(model, 8)
+        assert c.k.dtype == np.float16 and llama.n_kv_cells(5) == 256 and llama.n_kv_cells(257) == 512
+        got = {}
+        llama.forward(model, tokens[:5], c, capture=got)
+    assert got["kq-0"].shape == (hp.n_head, 5, 256)
+    assert np.all(got["kq_soft_max-0"][..., 5:] == 0)
+    with refimpl.numerics("exact"):
+        assert llama.new_cache(model, 8).k.dtype == np.float32 and llama.n_kv_cells(5) == 5
+        got = {}
+        llama.forward(model, tokens[:5], llama.new_cache(model, 8), capture=got)
+    assert got["kq-0"].shape == (hp.n_head, 5, 5)
+
+
+def test_single_token_decodes_never_take_sgemm(tiny, monkeypatch):
+    """A one-token forward has one column in every product, where llama.cpp always runs ggml's vec_dot:
+    token-by-token decoding gives the same bits with LLAMAFILE_SGEMM on and off (the switch models a
+    llama.cpp build without llamafile)."""
+    m, model, tokens, _ = tiny
+
+    def steps():
+        with refimpl.numerics("ggml"):
+            c = llama.new_cache(model, 6)
+            return np.concatenate([llama.forward(model, [t], c) for t in tokens[:6]])
+    on = steps()
+    monkeypatch.setattr(llama, "LLAMAFILE_SGEMM", False)
+    assert_bits_equal(steps(), on, m["name"])
+
+
+# -- SmolLM2-135M Q4_1 ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = smollm2_path()
+    if path is None:
+        pytest.fail("SmolLM2 GGUF not in the cache: refimpl fetch smollm2 (scripts/test.sh does)")
+    return llama.load(path)          # quantized weights: ggml mode multiplies the Q4_1 blocks themselves
+
+
+@pytest.fixture(scope="module")
+def greedy64():
+    z = np.load(DATA / "llama_greedy64_smollm2.npz", allow_pickle=False)
+    return z, json.loads(str(z["meta"]))
+
+
+def _greedy(model, ids, n, mode):
+    """refimpl's own greedy continuation: the prompt in one forward, then one forward per token; returns
+    (prompt's last logits, tokens, logits each token was picked from)."""
+    with refimpl.numerics(mode):
+        c = llama.new_cache(model, len(ids) + n)
+        o = llama.forward(model, ids, c, last_only=True)[-1]
+        first, toks, rows = o, [], []
+        for k in range(n):
+            rows.append(o)
+            toks.append(int(o.argmax()))
+            if k + 1 < n:
+                o = llama.forward(model, [toks[-1]], c)[-1]
+    return first, toks, np.stack(rows)
+
+
+def test_smollm2_prompt_and_greedy_match_llama_cpp(smollm2, greedy64, record_property):
+    """The shortest golden prompt: ggml mode's last logits equal llama.cpp's (f32, every id), its first
+    N_GREEDY_CI greedy tokens equal llama.cpp's and the top-16 logits of every step match bit for bit;
+    exact mode is >= 100x farther (NMSE ~1e-3: Q8_1 activation rounding)."""
+    z, meta = greedy64
+    i = min(range(len(meta["prompts"])), key=lambda j: meta["prompts"][j]["n_prompt"])
+    ids = z[f"p{i}_prompt_ids"]
+    last, toks, rows = _greedy(smollm2, ids, N_GREEDY_CI, "ggml")
+    assert_bits_equal(last, z[f"p{i}_last_logits"], "prompt logits")
+    assert toks == z[f"p{i}_greedy_ids"][:N_GREEDY_CI].tolist()
+    top = np.take_along_axis(rows, z[f"p{i}_greedy_top_ids"][:N_GREEDY_CI], axis=1)
+    assert_bits_equal(top, z[f"p{i}_greedy_top_logits"][:N_GREEDY_CI], "greedy top-16 logits")
+    with refimpl.numerics("exact"):
+        exact = llama.forward(smollm2, ids, llama.new_cache(smollm2, len(ids)), last_only=True)[-1]
+    e_exact = nmse(exact, z[f"p{i}_last_logits"])
+    record_property("nmse_exact", e_exact)
+    assert nmse(last, z[f"p{i}_last_logits"]) <= e_exact / 100 and e_exact > 1e-5
