@@ -156,3 +156,14 @@ def test_convert_writes_what_llama_cpps_converter_writes(ggufs, t):
         r = ref["tensors"][name]
         data = f.data[info.file_offset:info.file_offset + info.nbytes].tobytes()
         assert (info.type.name, list(info.ne), hashlib.sha256(data).hexdigest()) == (r["type"], r["ne"], r["sha256"]), name
+
+
+def test_q8_0_in_ggml_numerics_is_llama_cpp_bit_for_bit(ggufs, golden):
+    """numerics="ggml" (activations rounded to Q8_0 before each Q8_0 mul_mat, ggml's lane order, its exp and
+    GELU table) reproduces llama.cpp's pooled embeddings of the Q8_0 GGUF exactly (exact mode: cosine 0.9988).
+    Three short sentences keep the NumPy emulation's cost small."""
+    import refimpl
+    ids = ragged(golden, "lc_q8_0")[:3]
+    with refimpl.numerics("ggml"):
+        emb = bert.embed_ids(bert.load(ggufs["q8_0"]), ids, normalize=False)
+    assert np.array_equal(emb.view(np.uint32), golden["lc_q8_0_emb"][:3].view(np.uint32))
