@@ -22,7 +22,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import add, current_numerics, get_rows, mul, mul_mat, rms_norm, rope_ext, soft_max_ext, swiglu
+from ..ops import add, current_numerics, get_rows, mul, rms_norm, rope_ext, soft_max_ext, swiglu
+from ..ops import mul_mat as _mul_mat
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
@@ -342,11 +343,11 @@ def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
 #           F32 and F16 sources (the f32 activations converted to f16 first for F16): one 8-lane
 #           accumulator per output, acc = fma(a[l:l+8], b[l:l+8], acc) for l = 0, 8, ..., then hsum_b.
 #           ggml-python's build (refimpl's op-level goldens) has it off, so the op emulation is vec_dot's;
-#           only the attention products here follow llamafile (LLAMAFILE_SGEMM). A single-token decode
-#           (one column) always takes vec_dot.
+#           the model follows llamafile (LLAMAFILE_SGEMM) for the attention products and for the F32/F16
+#           weight products (`mul_mat` below). A single-token decode (one column) always takes vec_dot.
 
 KV_PAD = 256            # llama.cpp's KV cache: the graph attends over ceil(n_used / KV_PAD) * KV_PAD cells
-LLAMAFILE_SGEMM = True  # numerics="ggml": attention products with >= 2 tokens follow llamafile's tinyBLAS
+LLAMAFILE_SGEMM = True  # numerics="ggml": F32/F16 products with >= 2 tokens follow llamafile's tinyBLAS
 SGEMM_LANES = 8         # tinyBLAS's vector width for F32/F16 on AVX2 (k must be a multiple of it)
 _SGEMM_TILE = 1 << 21   # outputs x lanes per step of _sgemm (bounds its f64 temporaries to ~50 MB)
 
@@ -382,6 +383,16 @@ def _sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def mul_mat(a, b):
+    """ggml's mul_mat for the weight products; under numerics="ggml", an F32/F16 weight times >= 2 tokens
+    (k a multiple of 8) takes llamafile's tinyBLAS order, as llama.cpp's build does (module notes above)."""
+    if (LLAMAFILE_SGEMM and isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float16) and a.ndim == 2
+            and np.ndim(b) == 2 and b.shape[0] >= 2 and a.shape[1] % SGEMM_LANES == 0
+            and current_numerics() == "ggml"):
+        return _sgemm(a[None], np.asarray(b)[None, None])[0, 0]
+    return _mul_mat(a, b)
+
+
 def _attn_mul_mat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """mul_mat(a, b) for the attention products, a (G, n, k) the cache side and b (H, m, k) f32: ggml's
     mul_mat, or under numerics="ggml" llamafile's tinyBLAS where llama.cpp's build takes it (module notes
@@ -391,7 +402,7 @@ def _attn_mul_mat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if (LLAMAFILE_SGEMM and current_numerics() == "ggml" and m >= 2 and k % SGEMM_LANES == 0
             and a.dtype in (np.float16, np.float32)):
         return _sgemm(a, b.reshape(G, H // G, m, k)).reshape(H, m, n)
-    return mul_mat(a, b)
+    return _mul_mat(a, b)
 
 
 def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
