@@ -55,7 +55,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import add, gelu, gelu_erf, get_rows, mul, mul_mat, norm, soft_max_ext
+from ..ops import add, gelu, gelu_erf, get_rows, mul, norm, soft_max_ext
+from ..ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
 
 A = Any  # np.ndarray or QTensor
 

@@ -361,26 +361,9 @@ def n_kv_cells(n_used: int) -> int:
 
 
 def _sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """llamafile's tinyBLAS product for F32/F16 a on AVX2: a (G, n, k) f16/f32, b (G, r, m, k) f32 (r heads
-    of b per head of a, ggml's broadcast) -> (G, r, m, n) f32. b is first rounded to a's type as ggml-cpu's
-    from_float does; each output is one 8-lane FMA accumulator over k, reduced by hsum_b."""
-    from ..ops.faithful.vecdot import fma32, hsum_b
-    L = SGEMM_LANES
-    A = np.asarray(a).astype(np.float32)
-    B = np.asarray(b).astype(a.dtype).astype(np.float32)
-    G, n, k = A.shape
-    r, m = B.shape[1], B.shape[2]
-    out = np.empty((G, r, m, n), np.float32)
-    step = max(1, _SGEMM_TILE // max(1, G * r * n * L))
-    for j in range(0, m, step):
-        Bj = B[:, :, j:j + step]                                       # (G, r, mt, k)
-        acc = np.zeros((L, G, r, Bj.shape[2], n), np.float32)
-        for l in range(0, k, L):
-            al = np.moveaxis(A[:, :, l:l + L], -1, 0)[:, :, None, None, :]      # (L, G, 1, 1, n)
-            bl = np.moveaxis(Bj[..., l:l + L], -1, 0)[..., None]              # (L, G, r, mt, 1)
-            acc = fma32(bl, al, acc)
-        out[:, :, j:j + step] = hsum_b(acc)
-    return out
+    """llamafile's tinyBLAS product (refimpl.ops.faithful.llamafile.sgemm): a (G, n, k), b (G, r, m, k)."""
+    from ..ops.faithful.llamafile import sgemm
+    return sgemm(a, b)
 
 
 def mul_mat(a, b):

@@ -50,8 +50,9 @@ from typing import Callable
 
 import numpy as np
 
-from ...ops import (add, concat, exp, get_rows, mul, mul_mat, neg, norm, relu, rwkv_wkv6, scale, sigmoid, silu,
+from ...ops import (add, concat, exp, get_rows, mul, neg, norm, relu, rwkv_wkv6, scale, sigmoid, silu,
                     sqr, sub, tanh)
+from ...ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
 from ...qtensor import QTensor, dequantize
 from .state import RwkvState
 

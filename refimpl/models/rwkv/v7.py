@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import (add, exp, l2_norm, mul, mul_mat, neg, relu, rwkv_wkv7, scale, sigmoid, sqr, sub, sum_rows, tanh)
+from ...ops import (add, exp, l2_norm, mul, neg, relu, rwkv_wkv7, scale, sigmoid, sqr, sub, sum_rows, tanh)
+from ...ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
 from .state import RwkvState
 from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, capture_fn, check_tokens, dims, embed, group_norm_heads, hparam,
                  layer_norm, lora_t, mat, token_shift, vec)

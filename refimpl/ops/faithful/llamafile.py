@@ -1,0 +1,71 @@
+"""llamafile's tinyBLAS order, as llama.cpp's CPU build multiplies F32/F16 matrices under numerics="ggml".
+
+llama.cpp compiles llamafile's sgemm (GGML_USE_LLAMAFILE); ggml-python's build, the op-level oracle, does not.
+For a product with at least two columns (tokens) and k a multiple of 8 on an F32 or F16 source, tinyBLAS
+replaces ggml's vec_dot: the f32 activations are first rounded to the source's type (as ggml-cpu's from_float),
+then each output is ONE 8-lane accumulator, acc = fma(a[l:l+8], b[l:l+8], acc) for l = 0, 8, ..., reduced by
+hsum_b. A one-column product (a single-token decode) takes vec_dot. So the op emulation
+(`mul_mat(numerics="ggml")`, faithful/matmul.py) stays vec_dot's, and the models call `mul_mat` here, which
+takes this order where llama.cpp's build would (switch: LLAMAFILE).
+
+    mul_mat(a, b)   a ne [k, n, a2, a3]  numpy (a3, a2, n, k)   F32/F16 ndarray (anything else: ops.mul_mat)
+                    b ne [k, m, b2, b3]  numpy (b3, b2, m, k)   f32, b2 = r2*a2, b3 = r3*a3 (ggml's broadcast)
+                    out ne [n, m, b2, b3] numpy (b3, b2, m, n)  f32
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._core import current_numerics
+from ..matmul import mul_mat as _mul_mat
+from .vecdot import fma32, hsum_b
+
+LLAMAFILE = True       # follow llama.cpp's build (llamafile sgemm compiled in) under numerics="ggml"
+LANES = 8              # tinyBLAS's vector width for F32/F16 on AVX2 (k must be a multiple of it)
+_TILE = 1 << 21        # outputs x lanes per step of sgemm (bounds its temporaries to ~50 MB)
+
+
+def sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """tinyBLAS for F32/F16 a on AVX2: a (G, n, k) f16/f32, b (G, r, m, k) f32 (r heads of b per head of a,
+    ggml's broadcast) -> (G, r, m, n) f32. b is first rounded to a's type, as ggml-cpu's from_float does;
+    each output is one 8-lane FMA accumulator over k, reduced by hsum_b."""
+    L = LANES
+    A = np.asarray(a).astype(np.float32)
+    B = np.asarray(b).astype(a.dtype).astype(np.float32)
+    G, n, k = A.shape
+    r, m = B.shape[1], B.shape[2]
+    out = np.empty((G, r, m, n), np.float32)
+    step = max(1, _TILE // max(1, G * r * n * L))
+    for j in range(0, m, step):
+        Bj = B[:, :, j:j + step]                                               # (G, r, mt, k)
+        acc = np.zeros((L, G, r, Bj.shape[2], n), np.float32)
+        for l in range(0, k, L):
+            al = np.moveaxis(A[:, :, l:l + L], -1, 0)[:, :, None, None, :]      # (L, G, 1, 1, n)
+            bl = np.moveaxis(Bj[..., l:l + L], -1, 0)[..., None]              # (L, G, r, mt, 1)
+            acc = fma32(bl, al, acc)
+        out[:, :, j:j + step] = hsum_b(acc)
+    return out
+
+
+def takes_sgemm(a, b) -> bool:
+    """Whether llama.cpp's build multiplies a by b with tinyBLAS (and numerics="ggml" is active)."""
+    return (LLAMAFILE and isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float16) and 2 <= a.ndim <= 4
+            and isinstance(b, np.ndarray) and b.dtype == np.float32 and 2 <= b.ndim <= 4
+            and b.shape[-1] == a.shape[-1] and b.shape[-2] >= 2 and a.shape[-1] % LANES == 0
+            and current_numerics() == "ggml")
+
+
+def mul_mat(a, b):
+    """ops.mul_mat, or tinyBLAS's order where llama.cpp's build takes it (module docstring)."""
+    if not takes_sgemm(a, b):
+        return _mul_mat(a, b)
+    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)
+    b4 = b.reshape((1,) * (4 - b.ndim) + b.shape)
+    (a3, a2, n, k), (b3, b2, m, _) = a4.shape, b4.shape
+    if b2 % a2 or b3 % a3:                                 # not ggml's broadcast: let the op say why
+        return _mul_mat(a, b)
+    r2, r3 = b2 // a2, b3 // a3
+    out = np.empty((b3, b2, m, n), np.float32)
+    for i3 in range(b3):
+        out[i3] = sgemm(a4[i3 // r3], b4[i3].reshape(a2, r2, m, k)).reshape(b2, m, n)
+    return out.reshape(b.shape[:-2] + (m, n)) if b.ndim >= a.ndim else out.reshape(a.shape[:-2] + (m, n))
