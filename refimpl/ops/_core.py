@@ -27,6 +27,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ._shapes import GGMLShapeError
+
 BACKENDS = ("numpy", "numba", "cuda")
 NUMERICS = ("exact", "ggml")
 
@@ -81,15 +83,21 @@ def op(name: str, covers: str | tuple[str, ...] | None = None):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            b = _backend.get()
-            # numerics="ggml" is the NumPy emulation of ggml-cpu's roundings: kernels compute exact mode only
-            if b != "numpy" and current_numerics(kwargs.get("numerics")) != "ggml":
-                if b not in _loaded:
-                    _load(b)
-                k = info.kernels.get(b)
-                if k is not None:
-                    return k(*args, **kwargs)
-            return fn(*args, **kwargs)
+            try:
+                b = _backend.get()
+                # numerics="ggml" is the NumPy emulation of ggml-cpu's roundings: kernels compute exact mode only
+                if b != "numpy" and current_numerics(kwargs.get("numerics")) != "ggml":
+                    if b not in _loaded:
+                        _load(b)
+                    k = info.kernels.get(b)
+                    if k is not None:
+                        return k(*args, **kwargs)
+                return fn(*args, **kwargs)
+            except GGMLShapeError as e:
+                # an op built on others (conv_1d on im2col and mul_mat) names itself before the inner op
+                if str(e).startswith(f"{name}:"):
+                    raise
+                raise GGMLShapeError(f"{name}: {e}") from e
 
         wrapper.reference = fn
         wrapper.op_info = info

@@ -47,3 +47,9 @@ def tile_to(op: str, a, b) -> np.ndarray:
     reps = [x // y for x, y in zip(na[::-1], nb[::-1])]
     out = np.tile(b4, reps) if any(r != 1 for r in reps) else b4
     return out.reshape(np.shape(a)) if np.ndim(a) >= np.ndim(b) else out.reshape(np.shape(a))
+
+
+def nonempty(op: str, **operands) -> None:
+    """Reject zero-size operands (an axis of extent 0) where the op has no defined result for them."""
+    if any(np.shape(v) and 0 in np.shape(v) for v in operands.values()):
+        fail(op, "empty tensors (an axis of extent 0) are not supported", **operands)

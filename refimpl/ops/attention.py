@@ -79,11 +79,11 @@ def flash_attn_ext(q: np.ndarray, k, v, mask: np.ndarray | None = None, scale: f
     nq, nk, nv = ne4(q.shape), ne4(kshape), ne4(vshape)
     DK, N, H, S = nq
     NKV, HKV = nk[1], nk[2]
-    if nk[0] != DK or H % nk[2] or S % nk[3]:
+    if nk[0] != DK or 0 in nk[2:] or H % nk[2] or S % nk[3]:
         fail(name, "need k.ne0 == q.ne0 (head_dim) and q.ne2, q.ne3 multiples of k's", q=q, k=k)
     if nk[3] != S or nv[3] != S:
         fail(name, "q, k and v need the same ne3 (n_seq)", q=q, k=k, v=v)
-    if nv[1] != NKV or H % nv[2]:
+    if nv[1] != NKV or nv[2] == 0 or H % nv[2]:
         fail(name, "v needs k's n_kv (ne1) and a head count dividing q's", k=k, v=v)
     slopes = alibi_slopes(H, max_bias).astype(np.float64)
     if mask is not None:
@@ -93,7 +93,7 @@ def flash_attn_ext(q: np.ndarray, k, v, mask: np.ndarray | None = None, scale: f
             fail(name, f"mask must be f16, got {mask.dtype}", q=q, mask=mask)
         if not mask.flags.c_contiguous:
             fail(name, "mask must be contiguous", q=q, mask=mask)
-        if H % nm[2] or S % nm[3]:
+        if 0 in nm[2:] or H % nm[2] or S % nm[3]:
             fail(name, "mask ne2, ne3 must divide q's (n_head, n_seq)", q=q, mask=mask)
         if nm[0] < NKV or nm[1] < N:
             # ggml does not check these; it would read past the mask

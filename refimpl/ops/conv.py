@@ -19,7 +19,7 @@ import numpy as np
 from ..qtensor import QTensor, dequantize, quantize
 from ..types import GGMLType, as_type
 from ._core import op
-from ._shapes import fail, ne4
+from ._shapes import fail, ne4, nonempty
 from .matmul import mul_mat
 
 # enum ggml_op_pool
@@ -126,6 +126,7 @@ def im2col(a, b: np.ndarray, s0: int = 1, s1: int = 1, p0: int = 0, p1: int = 0,
     (ggml then requires an f16 kernel a; b f32 or f16). ggml's 2-D kernel reads each (IH, IW) plane of b as
     packed rows (it ignores b's nb1): refimpl reads the values of any view.
     """
+    nonempty("im2col", a=a, b=b)
     dt = _dtype_of(dst_type, "im2col")
     b = np.asarray(b)
     na, nb = ne4(a.shape), ne4(b.shape)
@@ -212,6 +213,7 @@ def im2col_3d(a, b: np.ndarray, IC: int, s0: int = 1, s1: int = 1, s2: int = 1, 
     Channels and batch share ggml's dim 3 (N = b.ne3 / IC). dst F32 copies exactly; F16 rounds to f16
     (ggml then needs an f16 kernel). b may be any view with packed rows.
     """
+    nonempty("im2col_3d", a=a, b=b)
     dt = _dtype_of(dst_type, "im2col_3d")
     b = np.asarray(b)
     na, nb = ne4(a.shape), ne4(b.shape)
@@ -254,6 +256,7 @@ def col2im_1d(a, s0: int, oc: int, p0: int = 0):
         fail("col2im_1d", "a must be contiguous (ggml asserts it); use np.ascontiguousarray", a=a)
     if s0 <= 0 or oc <= 0 or p0 < 0:
         fail("col2im_1d", f"need s0 > 0, oc > 0, p0 >= 0 (got s0={s0}, oc={oc}, p0={p0})", a=a)
+    nonempty("col2im_1d", a=a)
     K_OC, T_in = na[0], na[1]
     K = K_OC // oc
     T_out = (T_in - 1) * s0 + K - 2 * p0
@@ -358,9 +361,10 @@ def conv_2d_dw(a: np.ndarray, b: np.ndarray, s0: int = 1, s1: int = 1, p0: int =
     As ggml: im2col of b with (N*C) single-channel images, then mul_mat of the flattened kernel over it
     (block broadcast over N). conv_2d_dw_direct is the direct f32 op.
     """
+    nonempty("conv_2d_dw", a=a, b=b)
     na, nb = ne4(a.shape), ne4(b.shape)
     C_a = na[2] * na[3]
-    if nb[2] % C_a:
+    if C_a == 0 or nb[2] % C_a:
         fail("conv_2d_dw", "data channels must be a multiple of the kernel's", a=a, b=b)
     new_a = _contig(a).reshape(C_a, 1, na[1], na[0])
     cols = im2col(new_a, np.asarray(b).reshape(nb[3] * nb[2], 1, nb[1], nb[0]), s0, s1, p0, p1, d0, d1, True,
@@ -385,6 +389,7 @@ def conv_3d(a: np.ndarray, b: np.ndarray, IC: int, s0: int = 1, s1: int = 1, s2:
     im2col_3d runs in the kernel's type (f16 kernel: data rounded to f16), then mul_mat in f64.
     conv_3d_direct is the CONV_3D op.
     """
+    nonempty("conv_3d", a=a, b=b)
     if not (_is(a, np.float32) or _is(a, np.float16)):
         fail("conv_3d", f"kernel must be f32 or f16 (im2col_3d runs in its type), got {_type_name(a)}", a=a, b=b)
     na = ne4(a.shape)
@@ -447,6 +452,7 @@ def conv_2d_direct(a: np.ndarray, b: np.ndarray, s0: int = 1, s1: int = 1, p0: i
     ggml-cpu builds im2col patches in the kernel's type (an f16 kernel rounds the data to f16: refimpl does
     too, so conv_2d_direct == conv_2d) and runs mul_mat on them; refimpl sums in f64.
     """
+    nonempty("conv_2d_direct", a=a, b=b)
     b = np.asarray(b)
     _direct_kernel("conv_2d_direct", a, b)
     na, nb = ne4(a.shape), ne4(b.shape)
@@ -478,6 +484,7 @@ def conv_2d_dw_direct(a: np.ndarray, b: np.ndarray, stride0: int = 1, stride1: i
     returned in that layout); any other layout aborts. refimpl reads values, so layout does not matter.
     Sums in f64 (ggml: f32 FMA over kh, kw).
     """
+    nonempty("conv_2d_dw_direct", a=a, b=b)
     b = np.asarray(b)
     _need("conv_2d_dw_direct", "kernel a", a, [np.float32], a=a, b=b)
     _need("conv_2d_dw_direct", "data b", b, [np.float32], a=a, b=b)
@@ -509,6 +516,7 @@ def conv_3d_direct(a: np.ndarray, b: np.ndarray, s0: int, s1: int, s2: int, p0: 
 
     Same result as conv_3d. An f16 kernel rounds the data to f16 first (as ggml-cpu's patches); f64 sums.
     """
+    nonempty("conv_3d_direct", a=a, b=b)
     b = np.asarray(b)
     _direct_kernel("conv_3d_direct", a, b)
     na, nb = ne4(a.shape), ne4(b.shape)
@@ -539,6 +547,7 @@ def conv_transpose_1d(a: np.ndarray, b: np.ndarray, s0: int = 1, p0: int = 0, d0
     ggml 0.15.3 implements only p0 == 0, d0 == 1 (asserted). An f16 kernel rounds the data to f16 first
     (as ggml-cpu); f64 sums.
     """
+    nonempty("conv_transpose_1d", a=a, b=b)
     b = np.asarray(b)
     _direct_kernel("conv_transpose_1d", a, b)
     na, nb = ne4(a.shape), ne4(b.shape)
@@ -569,6 +578,7 @@ def conv_transpose_2d_p0(a: np.ndarray, b: np.ndarray, stride: int) -> np.ndarra
     and leaves batches n >= 1 of its result at zero (its loops ignore b's ne3); refimpl computes every
     batch, so the two agree for N == 1 only.
     """
+    nonempty("conv_transpose_2d_p0", a=a, b=b)
     b = np.asarray(b)
     _direct_kernel("conv_transpose_2d_p0", a, b)
     na, nb = ne4(a.shape), ne4(b.shape)
@@ -613,6 +623,7 @@ def pool_1d(a: np.ndarray, op: int, k0: int, s0: int, p0: int) -> np.ndarray:  #
     -FLT_MAX. op: POOL_MAX (0) / POOL_AVG (1), or "max" / "avg". Same f32 operations in the same order as
     ggml-cpu: identical bits.
     """
+    nonempty("pool_1d", a=a)
     o = _pool_op("pool_1d", op)
     a = np.asarray(a)
     _need("pool_1d", "a", a, [np.float32, np.float16], a=a)
@@ -649,6 +660,7 @@ def pool_2d(a: np.ndarray, op: int, k0: int, k1: int, s0: int, s1: int, p0: floa
     p0, p1 are floats in ggml: the output size uses them as given, the windows use them truncated to int.
     op: POOL_MAX (0) / POOL_AVG (1), or "max" / "avg". ggml-cpu's f32 operations in its order: identical bits.
     """
+    nonempty("pool_2d", a=a)
     o = _pool_op("pool_2d", op)
     a = np.asarray(a)
     _need("pool_2d", "a", a, [np.float32, np.float16], a=a)
@@ -686,6 +698,7 @@ def pool_2d_back(a: np.ndarray, af: np.ndarray, op: int, k0: int, k1: int, s0: i
     Windows as pool_2d (p truncated to int). Accumulated in f32 in ggml-cpu's order (output rows, then
     columns): identical bits.
     """
+    nonempty("pool_2d_back", a=a, af=af)
     o = _pool_op("pool_2d_back", op)
     a, af = np.asarray(a), np.asarray(af)
     _need("pool_2d_back", "a", a, [np.float32], a=a, af=af)
@@ -752,6 +765,7 @@ def interpolate(a: np.ndarray, ne0: int, ne1: int, ne2: int, ne3: int, mode: int
     (PyTorch's antialias=True). Coordinates, taps and weights are computed in f32 as ggml-cpu does; the
     weighted sums in f64, rounded once.
     """
+    nonempty("interpolate", a=a)
     m, flags = _scale_mode("interpolate", mode)
     a = np.asarray(a)
     _need("interpolate", "a", a, [np.float32], a=a)

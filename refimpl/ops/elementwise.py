@@ -25,7 +25,7 @@ from ..quants._common import f16_bits, f16_to_f32
 from ..quants.floats import f32_to_bf16_bits
 from ..types import GGMLType
 from ._core import current_numerics, op
-from ._shapes import fail, ne4, tile_to
+from ._shapes import fail, ne4, nonempty, tile_to
 
 f32 = np.float32
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -255,6 +255,8 @@ def add1(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with ggml-cpu's from_float. ggml-cpu writes quantized rows of i3 > 0 to the wrong place (it offsets them
     by i3*nb0 instead of i3*nb3), so its result is only right for ne3 = 1; refimpl computes every row.
     """
+    if isinstance(a, QTensor):
+        nonempty("add1", a=a)
     _check_layout("add1", "contiguous_1", a=a)
     if isinstance(a, QTensor) and a.traits.blck_size > 1:
         if _tname(b) != "f32" or int(np.prod(np.shape(b))) != 1:
@@ -284,6 +286,7 @@ def add_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
     b's rows are taken from its first ne2/ne3 plane only (ggml-cpu indexes them by ne1 alone).
     """
+    nonempty("add_id", a=a, b=b, ids=ids)
     x, _ = _load("add_id", a, ("f32",))
     y, _ = _load("add_id", b, ("f32",), "b")
     ids = np.asarray(ids)

@@ -81,7 +81,11 @@ def _activations_f64(b) -> np.ndarray:
 
 def _check_b(name: str, a, b, ta: GGMLType) -> None:
     """b is f32, or already a's vec_dot_type (ggml-cpu asserts src1 == F32 whenever it has to convert)."""
-    tb = ggml_type(b)
+    try:
+        tb = ggml_type(b)
+    except TypeError:
+        fail(name, f"src1 must be f32 or the weight's vec_dot_type {_tname(VEC_DOT_TYPE[ta])}, got "
+             f"{np.asarray(b).dtype}", a=a, b=b)
     if tb != GGMLType.F32 and tb != VEC_DOT_TYPE[ta]:
         fail(name, f"src1 must be f32 or the weight's vec_dot_type {_tname(VEC_DOT_TYPE[ta])}, got {_tname(tb)}",
              a=a, b=b)
@@ -127,7 +131,7 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
         b = np.asarray(b)
     ta = _check_weights("mul_mat", a)
     na, nb = ne4(a.shape), ne4(b.shape)
-    if na[0] != nb[0] or nb[2] % na[2] or nb[3] % na[3]:
+    if na[0] != nb[0] or 0 in na[2:] or nb[2] % na[2] or nb[3] % na[3]:
         fail("mul_mat", "need a.ne0 == b.ne0 and b.ne2, b.ne3 multiples of a's", a=a, b=b)
     _check_b("mul_mat", a, b, ta)
     if mode == "ggml":
@@ -228,7 +232,7 @@ def out_prod(a, b: np.ndarray) -> np.ndarray:
     if _transposed(a) or not _rows_packed(a):
         fail("out_prod", "src0 must not be transposed or permuted within rows (nb00 == type size)", a=a, b=b)
     na, nb = ne4(a.shape), ne4(b.shape)
-    if na[1] != nb[1] or nb[2] % na[2] or nb[3] % na[3]:
+    if na[1] != nb[1] or 0 in na[2:] or nb[2] % na[2] or nb[3] % na[3]:
         fail("out_prod", "need a.ne1 == b.ne1 (k) and b.ne2, b.ne3 multiples of a's", a=a, b=b)
     if ta != GGMLType.F32 and (na[2] != nb[2] or na[3] != nb[3]):
         fail("out_prod", "a quantized src0 is not broadcast: batch dims must equal b's", a=a, b=b)

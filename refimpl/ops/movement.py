@@ -21,7 +21,7 @@ import numpy as np
 from ..qtensor import QTensor, dequantize, quantize
 from ..types import NUMPY_DTYPES, GGMLType, as_type, traits
 from ._core import op
-from ._shapes import as4, fail, ne4
+from ._shapes import as4, fail, ne4, nonempty
 
 _DTYPE_TYPES = {dt: t for t, dt in NUMPY_DTYPES.items()}
 
@@ -168,6 +168,8 @@ def get_rows(a, rows: np.ndarray) -> np.ndarray:
     i2 = np.arange(na[2])[None, :, None]
     out_shape = tuple(reversed([na[0], nr[0], nr[1], nr[2]]))[4 - max(rows.ndim + 1, 1):]
     if isinstance(a, QTensor):
+        if rows.size == 0:
+            fail("get_rows", "an empty rows tensor is not supported for a quantized source", a=a, rows=rows)
         d4 = a.data.reshape(na[3], na[2], R, a.data.shape[-1])
         sel = QTensor(a.type, d4[i3, i2, r3], (na[3], na[2], nr[0], na[0]))
         return dequantize(sel).reshape(out_shape)
@@ -369,8 +371,10 @@ def cast(a, type):
 
     The conversion rules are cpy's.
     """
-    a = _arr(a)
     t, _, _ = _dst_spec("cast", type)
+    if isinstance(a, QTensor) or t not in (GGMLType.F32, GGMLType.F16, GGMLType.I32):
+        nonempty("cast", a=a)
+    a = _arr(a)
     return _convert("cast", a, t, tuple(a.shape))
 
 
@@ -759,6 +763,8 @@ def pad_ext(a: np.ndarray, lp0: int = 0, rp0: int = 0, lp1: int = 0, rp1: int = 
     n = ne4(a.shape)
     if circular and any(lp[d] > n[d] for d in range(4)):
         fail("pad", f"circular padding before a dim cannot exceed it (ggml wraps once): lp {lp}", a=a)
+    if circular and any((lp[d] or rp[d]) and n[d] == 0 for d in range(4)):
+        fail("pad", f"circular padding of an empty dim (nothing to wrap): lp {lp}, rp {rp}", a=a)
     widths = [(int(lp[d]), int(rp[d])) for d in (3, 2, 1, 0)]
     out = np.pad(as4(a), widths, mode="wrap" if circular else "constant")
     return _trim(out, max(a.ndim, max([d + 1 for d in range(4) if lp[d] or rp[d]], default=1)))

@@ -102,6 +102,8 @@ def group_norm(a: np.ndarray, n_groups: int, eps: float) -> np.ndarray:
     eps = np.float32(eps)
     a4 = as4(a)
     C = a4.shape[1]
+    if C == 0:
+        fail("group_norm", "no channels (ne2 = 0) to group", a=a)
     cpg = -(-C // int(n_groups))
     out = np.empty(a4.shape, np.float32)
     for start in range(0, C, cpg):
@@ -127,9 +129,9 @@ def rms_norm_back(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
         dx = (dy - x * sum(x*dy) / (sum(x*x) + n*eps)) / sqrt(mean(x*x) + eps)      sums over ne0
 
     (ggml's backward pass calls it as rms_norm_back(grad, x, eps).) As in ggml-cpu: f32 products summed in
-    f64 and rounded to f32; mean_eps = fl(sum_xx)/n + eps and sum_eps = fl(sum_xx) + eps*n in f32 (the
-    second is one FMA), rrms = 1/sqrtf(mean_eps), c = -fl(sum_xdy)/sum_eps; dx = fl(dy + x*c) * rrms with
-    the inner `dy + x*c` one FMA.
+    f64 and rounded to f32; mean_eps = fl(sum_xx)/n + eps and sum_eps = fl(sum_xx) + fl(eps*n) in f32
+    (not fused), rrms = 1/sqrtf(mean_eps), c = -fl(sum_xdy)/sum_eps; dx = fl(dy + x*c) * rrms with the
+    inner `dy + x*c` one FMA, rounded once (exactly: f64 then f32 could round twice).
     """
     a, b = _f32_input("rms_norm_back", a=a, b=b)
     if a.shape != b.shape:
@@ -140,10 +142,11 @@ def rms_norm_back(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     sum_xx = np.sum(np.square(b), axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
     sum_xdz = np.sum(b * a, axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
     mean_eps = sum_xx / np.float32(n) + eps
-    sum_eps = (sum_xx.astype(np.float64) + np.float64(eps) * np.float32(n)).astype(np.float32)
+    from .faithful.vecdot import fma32        # a*b + c rounded once (f64 then f32 could round twice)
+    sum_eps = sum_xx + eps * np.float32(n)       # not fused in ggml-cpu's build (a golden case tells them apart)
     rrms = np.float32(1.0) / np.sqrt(mean_eps)
     scale_x = -sum_xdz / sum_eps
-    inner = (a.astype(np.float64) + b.astype(np.float64) * scale_x.astype(np.float64)).astype(np.float32)
+    inner = fma32(b, scale_x, a)
     return inner * rrms
 
 

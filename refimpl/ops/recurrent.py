@@ -186,7 +186,7 @@ def _tokens(name: str, ref: str, state: np.ndarray, **tensors) -> tuple[int, int
     n_seqs = ne4(state.shape)[1]
     if state.size != S * S * H * n_seqs:
         fail(name, "state must hold S*S*H*n_seqs values, n_seqs = state.ne1 (numpy (n_seqs, S*S*H))", **ops)
-    if T == 0 or T % n_seqs:
+    if T == 0 or n_seqs == 0 or T % n_seqs:
         fail(name, f"T = {T} tokens must be a positive multiple of n_seqs = {n_seqs} (ggml does not check: "
              "it divides by T // n_seqs and leaves states unwritten)", **ops)
     return S, H, T, n_seqs

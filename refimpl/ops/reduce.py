@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._core import op
-from ._shapes import fail, ne4
+from ._shapes import fail, ne4, nonempty
 from .elementwise import _check_layout, _load, _store, _tname
 
 
@@ -33,6 +33,7 @@ def sum(a):  # noqa: A001  (ggml's name; shadows the builtin in this module only
 
     ggml-cpu reads each row as ne0 packed values (it does not check nb0): refimpl takes any layout.
     """
+    nonempty("sum", a=a)
     x, t = _load("sum", a)
     acc = np.float64 if t == "f32" else np.float32
     rows = _seq_sum(x.reshape(-1, x.shape[-1] if x.ndim else 1), acc)
@@ -98,6 +99,7 @@ def argmax(a: np.ndarray) -> np.ndarray:
     max becomes nan (never == anything), then the next element. ggml-cpu reads each row as n packed values
     without checking nb0; refimpl takes any layout.
     """
+    nonempty("argmax", a=a)
     x, _ = _load("argmax", a, ("f32",))
     ne = ne4(x.shape)
     if ne[2] != 1 or ne[3] != 1:

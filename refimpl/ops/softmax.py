@@ -21,8 +21,8 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
 
     Every step is an f32 operation (powf, correctly rounded) as in the C code.
     """
-    if not max_bias > 0.0:
-        return np.ones(n_head, np.float32)
+    if not max_bias > 0.0 or n_head < 1:
+        return np.ones(max(n_head, 0), np.float32)
     n_log2 = 1 << int(np.floor(np.log2(n_head)))
     mb = np.float32(max_bias)
     m0 = np.float32(2.0 ** float(-mb / np.float32(n_log2)))
@@ -64,6 +64,8 @@ def soft_max_ext(a: np.ndarray, mask: np.ndarray | None = None, scale: float = 1
     if not a.flags.c_contiguous:
         fail("soft_max_ext", "a must be contiguous (ggml asserts ggml_is_contiguous(a))", a=a)
     na = ne4(a.shape)
+    if na[0] == 0:
+        fail("soft_max_ext", "rows of length 0 (ne0 = 0) have no softmax", a=a)
     w = a * np.float32(scale)
     slopes = alibi_slopes(na[2], max_bias)
     if mask is not None:
@@ -73,7 +75,7 @@ def soft_max_ext(a: np.ndarray, mask: np.ndarray | None = None, scale: float = 1
             fail("soft_max_ext", f"mask must be f16 or f32, got {mask.dtype}", a=a, mask=mask)
         if not mask.flags.c_contiguous:
             fail("soft_max_ext", "mask must be contiguous", a=a, mask=mask)
-        if nm[0] != na[0] or nm[1] < na[1] or na[2] % nm[2] or na[3] % nm[3]:
+        if nm[0] != na[0] or nm[1] < na[1] or 0 in nm[2:] or na[2] % nm[2] or na[3] % nm[3]:
             fail("soft_max_ext", "mask needs ne0 == a.ne0, ne1 >= a.ne1, a.ne2 % ne2 == 0, a.ne3 % ne3 == 0",
                  a=a, mask=mask)
         m4 = mask.reshape(nm[::-1])[:, :, :na[1], :].astype(np.float64)
