@@ -155,7 +155,9 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     ("rms_norm", "f32", "property"): Tol(nmse=1e-12, why="mean(out^2) = ms/(ms+eps): f32 rounding of out only"),
     ("norm", "f32", "property"): Tol(nmse=1e-10, why="var(out) = var/(var+eps): f32 mean and centring"),
     ("l2_norm", "f32", "property"): Tol(nmse=1e-12, why="unit row norms: f32 rounding of out only"),
-    ("group_norm", "f32", "property"): Tol(nmse=1e-12, why="= norm over the flattened group: f32 roundings"),
+    ("group_norm", "f32", "property"): Tol(nmse=1e-10, why="= norm over the flattened group: f32 mean and "
+                                            "centring in another summation order (as norm's bound; measured "
+                                            "up to 4.1e-12 on groups of a few close values)"),
     ("rms_norm_back", "f32", "property"): Tol(nmse=1e-11, why="vs the f64 analytic gradient: f32 roundings"),
     # -- mul_mat, out_prod, convolution, pooling ------------------------------------------------------
     ("mul_mat", "*", "ggml"): GGML_MATMUL,

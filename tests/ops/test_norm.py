@@ -35,7 +35,8 @@ def test_norm_gives_zero_mean_and_unit_variance(a, eps):   # var(out) == var / (
 @given(a=ggml_ne.flatmap(f32_tensor), eps=st.sampled_from([0.0, 1e-12, 1e-6]))
 def test_l2_norm_gives_unit_rows(a, eps):
     nrm = np.linalg.norm(a.astype(np.float64), axis=-1)
-    keep = nrm > max(eps, 1e-20)
+    # rows whose f32 squares are subnormal (norm < ~1e-18: ggml squares in f32) lose their precision there
+    keep = nrm > max(eps, 1e-15)
     out = l2_norm(a, eps).astype(np.float64)
     _close(np.linalg.norm(out, axis=-1)[keep], 1.0, "l2_norm")
 
