@@ -16,7 +16,7 @@ def run(*args, input=None):
 def model():
     p = smollm2_path()
     if p is None:
-        pytest.skip("SmolLM2 GGUF not in the cache (scripts/test.sh fetches it: refimpl fetch smollm2)")
+        pytest.fail("SmolLM2 GGUF not in the cache: refimpl fetch smollm2 (scripts/test.sh does)")
     return str(p)
 
 

@@ -187,7 +187,7 @@ def test_minilm_matches_llama_cpp_converter(outtype, tmp_path):
     from refimpl import fetch
     src = fetch.path("minilm")
     if not src.exists():
-        pytest.skip("all-MiniLM-L6-v2 is not in the cache (refimpl fetch minilm)")
+        pytest.fail("all-MiniLM-L6-v2 is not in the cache: refimpl fetch minilm (scripts/test.sh does)")
     table = json.loads(GOLDEN.read_text())[outtype]
     f = gguf.load(convert(src, tmp_path / f"minilm-{outtype}.gguf", outtype))
     ours = {k: v for k, v in f.metadata.items()

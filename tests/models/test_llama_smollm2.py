@@ -22,7 +22,7 @@ GOLDEN = pathlib.Path(__file__).parent.parent / "golden_data" / "llama_logits_sm
 def model():
     path = smollm2_path()
     if path is None:
-        pytest.skip("SmolLM2 GGUF not in the cache (scripts/test.sh fetches it: refimpl fetch smollm2)")
+        pytest.fail("SmolLM2 GGUF not in the cache: refimpl fetch smollm2 (scripts/test.sh does)")
     from refimpl.models import llama
     return llama.load(path, dequantize_weights=True)
 
