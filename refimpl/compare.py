@@ -23,7 +23,9 @@ weight type being that of `blk.0.ffn_down.weight`; `over` marks a tensor beyond 
 `compare_op` runs an op's named golden cases and a few drawn ones (`refimpl.testing.cases`) through refimpl
 and through ggml-python and judges each by the op's entry in the tolerance table.
 
-Needs llama-cpp-python (`compare`) or ggml-python (`compare_op`); neither is imported before use.
+Needs llama-cpp-python (`compare`) or ggml-python (`compare_op`); neither is imported before use, and llama.cpp
+runs in a child interpreter: its libllama binds to whatever libggml the process already has loaded (ggml-python's
+would do), and then it would run that build's kernels.
 """
 from __future__ import annotations
 
@@ -69,11 +71,32 @@ class LlamaCppRun:
 
 
 def llama_cpp_available() -> bool:
+    """Whether llama-cpp-python is installed (found, not imported: importing it loads its libggml)."""
+    import importlib.util
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def _foreign_ggml() -> list[str]:
+    """The libggml files this process has mapped from outside llama-cpp-python's package (ggml-python's,
+    say). llama.cpp's libllama binds to an already loaded libggml-cpu.so by its soname, so in such a
+    process it would run another build's kernels (another ggml version, no llamafile)."""
     try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if "libggml" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if "/llama_cpp/" not in p)
+
+
+def llama_cpp_system_info() -> str:
+    """llama-cpp-python's `llama_print_system_info()`, read in a fresh interpreter (see `run_llama_cpp`)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info()"
+                          ".decode())"], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-cpp-python did not start: {out.stderr.strip()[-2000:]}")
+    return out.stdout.strip()
 
 
 def profile_problems(system_info: str) -> list[str]:
@@ -138,16 +161,75 @@ def _wanted(name: str) -> bool:
 
 
 def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
-                  type_kv: int = 1) -> LlamaCppRun:
+                  type_kv: int = 1, isolate: bool = True) -> LlamaCppRun:
     """One llama_decode of `tokens` (logits for every position) on llama.cpp's CPU backend, as the goldens
     were made: no weight repacking (use_extra_bufts=False), flash attention off, K/V cache of ggml type
     `type_kv` (1: f16, llama.cpp's default; 0: f32), n_batch = n_ubatch >= len(tokens). With `capture`
-    every named tensor of the graph is copied as it is computed (cb_eval)."""
-    import llama_cpp
-    import llama_cpp.llama_cpp as C
+    every named tensor of the graph is copied as it is computed (cb_eval).
+
+    isolate (default): run it in a fresh interpreter. A process that has loaded another libggml (ggml-python,
+    the op oracle, does) would make llama.cpp run that build's kernels; isolate=False runs here and refuses
+    such a process."""
     tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
     if not tokens:
         raise ValueError("run_llama_cpp: no tokens")
+    if isolate:
+        return _run_isolated(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture,
+                             type_kv=type_kv)
+    foreign = _foreign_ggml()
+    if foreign:
+        raise RuntimeError("run_llama_cpp(isolate=False): this process has another libggml loaded "
+                           f"({', '.join(foreign)}); llama.cpp would run its kernels. Use isolate=True.")
+    return _run_here(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture, type_kv=type_kv)
+
+
+def _run_isolated(model_path, tokens, **kw) -> LlamaCppRun:
+    """`_run_here` in a child interpreter; the result comes back as an .npz (no pickles)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="refimpl-llama-cpp-") as d:
+        out = f"{d}/run.npz"
+        job = json.dumps({"model": str(model_path), "tokens": tokens, "out": out, **kw})
+        p = subprocess.run([sys.executable, "-m", "refimpl.compare", job], capture_output=True, text=True,
+                           check=False)
+        if p.returncode != 0:
+            try:
+                with open(f"{out}.error") as f:
+                    err = json.load(f)
+            except (OSError, ValueError):
+                err = {"kind": "RuntimeError", "message": f"llama.cpp's child process ended with status "
+                       f"{p.returncode}:\n{p.stderr.strip()[-3000:]}"}
+            raise (ValueError if err["kind"] == "ValueError" else RuntimeError)(err["message"])
+        z = np.load(out, allow_pickle=False)
+        meta = json.loads(str(z["__meta__"]))
+        return LlamaCppRun(logits=z["__logits__"], tensors={n: z[f"t{i}"] for i, n in enumerate(meta["names"])},
+                           order=meta["order"], system_info=meta["system_info"], log=meta["log"])
+
+
+def _child(argv) -> int:
+    """`python -m refimpl.compare JOB`: run one `_run_here` and write it to JOB's "out"."""
+    import json
+    job = json.loads(argv[0])
+    model, tokens, out = job.pop("model"), job.pop("tokens"), job.pop("out")
+    try:
+        run = _run_here(model, tokens, **job)
+    except Exception as e:           # the parent raises it again, same kind for ValueError
+        with open(f"{out}.error", "w") as f:
+            json.dump({"kind": type(e).__name__, "message": str(e)}, f)
+        return 1
+    names = list(run.tensors)
+    meta = {"names": names, "order": run.order, "system_info": run.system_info, "log": run.log}
+    np.savez(out, __meta__=np.array(json.dumps(meta)), __logits__=run.logits,
+             **{f"t{i}": run.tensors[n] for i, n in enumerate(names)})
+    return 0
+
+
+def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
+              type_kv: int = 1) -> LlamaCppRun:
+    import llama_cpp
+    import llama_cpp.llama_cpp as C
     lib = _ggml_lib()
 
     @C.llama_log_callback
@@ -508,3 +590,8 @@ def cli(args) -> int:
         return 2
     print(format_table(rows, title, "case" if args.op else "tensor"))
     return 1 if first_over(rows) else 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(_child(sys.argv[1:]))

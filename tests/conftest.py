@@ -19,6 +19,10 @@ def ggml():
     pytest.importorskip("ggml", reason="ggml-python, the golden oracle, is not installed")
     from refimpl.testing import ggml as oracle
     oracle.check_profile()       # a native (AVX-512) build would change the numbers: fail, don't compare
+    # llama.cpp's libggml (another ggml version) must never share this process with the oracle's: a library
+    # loaded later binds to the one already loaded by its soname (refimpl.compare runs llama.cpp in a child)
+    with open("/proc/self/maps") as f:
+        assert not [line for line in f if "/llama_cpp/lib/" in line], "llama-cpp-python's libggml is loaded"
     return oracle
 
 

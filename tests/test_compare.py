@@ -14,7 +14,7 @@ import pytest
 
 from refimpl import backend
 from refimpl.compare import (Row, compare, compare_op, first_over, format_table, llama_cpp_available,
-                             profile_problems, run_llama_cpp)
+                             llama_cpp_system_info, profile_problems, run_llama_cpp)
 from refimpl.models import llama
 
 from .models.tiny import write_tiny_llama
@@ -46,8 +46,7 @@ def tiny(tmp_path_factory):
 def build_ok():
     if not llama_cpp_available():
         pytest.skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
-    import llama_cpp
-    bad = profile_problems(llama_cpp.llama_print_system_info().decode())
+    bad = profile_problems(llama_cpp_system_info())
     assert not bad, (f"llama-cpp-python is not the build refimpl's ggml mode follows ({bad}); reinstall it as "
                      f"scripts/gen_llama_goldens.py says")
 
@@ -63,6 +62,19 @@ def test_run_llama_cpp_reproduces_the_stored_logits(tiny, build_ok):
         assert name in run.tensors, name
     assert run.tensors["kq-0"].shape == (4, len(tokens), 256)        # llama.cpp's 256-cell attention span
     assert "LLAMAFILE = 1" in run.system_info
+
+
+@needs_llama_cpp
+def test_run_llama_cpp_in_process_refuses_a_foreign_libggml(tiny, ggml):
+    """ggml-python's libggml is loaded here (the op oracle); llama.cpp in this process would bind to it, so
+    isolate=False refuses, naming the library."""
+    with pytest.raises(RuntimeError, match="another libggml loaded"):
+        run_llama_cpp(tiny[Q8], [1, 2, 3], isolate=False)
+
+
+def test_run_llama_cpp_names_a_missing_model(tmp_path, build_ok):
+    with pytest.raises(ValueError, match="could not load the model"):
+        run_llama_cpp(tmp_path / "missing.gguf", [1, 2])
 
 
 @needs_llama_cpp

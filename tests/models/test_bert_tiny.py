@@ -233,7 +233,9 @@ def test_quantize_notes_rows_that_are_not_whole_blocks_and_warns_on_quantized_so
 def test_quantize_matches_llama_quantize(gguf_f32, tmp_path):
     """The quantized matrices are byte for byte what llama.cpp's own llama_model_quantize writes (which also
     quantizes token_embd: llama-quantize's policy, not refimpl's)."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional comparison)")
+    from refimpl.compare import llama_cpp_available      # found, not imported (its libggml stays out of here)
+    if not llama_cpp_available():
+        pytest.skip("llama-cpp-python is not installed (optional comparison)")
     for name, ftype in (("q8_0", 7), ("q4_0", 2)):
         theirs, ours = tmp_path / f"lq-{name}.gguf", tmp_path / f"rq-{name}.gguf"
         code = ("import ctypes, sys, llama_cpp\n"
