@@ -1,5 +1,10 @@
 import os
 
+# the CUDA kernels' tests run in numba's CUDA simulator (read when Numba is first imported, so set here);
+# REFIMPL_CUDA_REAL=1 runs them on a real GPU instead
+if os.environ.get("REFIMPL_CUDA_REAL") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
 from hypothesis import HealthCheck, settings
 
 # "dev" is quick; "ci" (selected by CI=true or HYPOTHESIS_PROFILE=ci) draws enough examples to reach

@@ -92,6 +92,8 @@ def op(name: str, covers: str | tuple[str, ...] | None = None):
                     k = info.kernels.get(b)
                     if k is not None:
                         return k(*args, **kwargs)
+                    if b == "cuda":      # no CUDA kernel: the reference on host copies of device arrays
+                        args, kwargs = _host_args(args), dict(zip(kwargs, _host_args(kwargs.values())))
                 return fn(*args, **kwargs)
             except GGMLShapeError as e:
                 # an op built on others (conv_1d on im2col and mul_mat) names itself before the inner op
@@ -103,6 +105,18 @@ def op(name: str, covers: str | tuple[str, ...] | None = None):
         wrapper.op_info = info
         return wrapper
     return deco
+
+
+def _on_host(x):
+    if hasattr(x, "copy_to_host") and hasattr(x, "shape"):      # a numba.cuda device array
+        return x.copy_to_host()
+    if isinstance(x, (list, tuple)) and any(hasattr(y, "copy_to_host") for y in x):
+        return type(x)(_on_host(y) for y in x)
+    return x
+
+
+def _host_args(args) -> tuple:
+    return tuple(_on_host(a) for a in args)
 
 
 def register(name: str, backend: str):
