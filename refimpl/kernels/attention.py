@@ -1,0 +1,206 @@
+"""flash_attn_ext with Numba: exact-mode attention one query row at a time, no (n_tokens, n_kv) score matrix.
+
+Versions:
+    _attn  per (sequence, head, query row): the row's n_kv scores in f64 (q.k summed over head_dim in index
+           order from exact f32 x f32 products, then scale or c*tanh(raw*fl(scale/c)), then + slope*mask),
+           M = NaN-propagating max with the sink, e = exp(s - M) (0 where s = -inf), Σe in f64 by NumPy's
+           pairwise order plus the sink's term, o = Σ_j e_j v_j in f64 in kv order; out = fl(o / Σ), 0 where
+           Σ is not > 0 -- the reference's f64 formula, in a different summation order for the two dot products
+Work items (sequence, head, query row) are split over threads. K is handed over transposed (head_dim rows
+of n_kv values), so the score loop runs over kv positions with one independent f64 sum each (vectorised
+without reassociating any sum). A tile of 64 kv positions whose mask is all -inf is skipped when q and K
+are finite (the reference's score there is -inf too), and a position with e = 0 adds nothing to o when V is
+finite.
+
+Numerics: the reference sums q.k with np.einsum, whose SIMD lanes (those of NumPy's build) accumulate in
+another order than index order, and evaluates exp and tanh with NumPy's routines where this uses libm: the
+f64 scores differ in their last bits, so an f32 output can differ by an ulp where that straddles an f32
+rounding boundary (about 2^-29 of outputs per f64 ulp). Judged by the flash_attn_ext property tolerance
+(NMSE 1e-12); measured: identical bits in every one of 716 cases (5.2M outputs: the op's cases, named
+cases and tests/kernels/test_attention_ssm.py's draws). Inputs the reference would reject run the
+reference, which raises its errors; every K/V kind it takes is covered (QTensors dequantized as there).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..ops import attention as ref_at
+from ..ops._core import register
+from ..ops._shapes import ne4
+from ..ops.softmax import alibi_slopes
+from ..qtensor import QTensor, dequantize
+from ._common import pairwise_sum_f64, parallel_ranges
+
+PAR_MIN = 1 << 16       # multiply-adds (n_kv * (head_dim + head_dim_v) per query row) per thread at least
+TILE = 64               # kv positions per score tile (and per check of the mask for a skip)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _scores(qr, kt, mrow, has_mask, slope, scale, c, csc, skip, srow, acc):
+    """srow[j] = the reference's score of query row qr against kv position j (kt: (DK, NKV) f32), a tile
+    of TILE positions at a time (acc: (TILE,) f64 scratch, indexed from 0 so that the loop vectorises)."""
+    DK, NKV = kt.shape
+    for j0 in range(0, NKV, TILE):
+        m = min(TILE, NKV - j0)
+        mt = mrow[j0:j0 + m]
+        if has_mask and skip and _all_neg_inf(mt):
+            srow[j0:j0 + m] = -np.inf
+            continue
+        acc[:] = 0.0
+        for d in range(DK):
+            qd = np.float64(qr[d])
+            kd = kt[d, j0:j0 + m]
+            for i in range(m):
+                acc[i] = acc[i] + qd * np.float64(kd[i])
+        for i in range(m):
+            if c != 0.0:
+                x = c * np.tanh(acc[i] * csc)
+            else:
+                x = acc[i] * scale
+            if has_mask:
+                x = x + slope * np.float64(mt[i])
+            srow[j0 + i] = x
+
+
+@njit(inline="always")
+def _all_neg_inf(m):
+    for i in range(m.shape[0]):
+        if m[i] != -np.inf:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _softmax_weights(srow, has_sink, sink):
+    """srow <- e_j = exp(s_j - M) (0 where s_j = -inf); returns Σe (+ the sink's term), the reference's way:
+    M = max(max_j s_j, sink), NaN if any is NaN, taken as 0 unless finite."""
+    NKV = srow.shape[0]
+    M = -np.inf
+    nan = False
+    for j in range(NKV):
+        x = srow[j]
+        if x != x:
+            nan = True
+        elif x > M:
+            M = x
+    if has_sink:
+        if sink != sink:
+            nan = True
+        elif sink > M:
+            M = sink
+    Ms = M if (not nan and np.isfinite(M)) else 0.0
+    for j in range(NKV):
+        x = srow[j]
+        srow[j] = 0.0 if x == -np.inf else np.exp(x - Ms)
+    total = pairwise_sum_f64(srow, 0, NKV)
+    if has_sink:
+        total = total + np.exp(sink - Ms)
+    return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _attn(q, kt, v, mask, has_mask, slopes, sinks, has_sinks, scale, c, csc, skip_k, skip_v, out, lo, hi):
+    """Items lo..hi-1 = (s, h, n) in C order: q (S, H, N, DK), kt (S, HK, DK, NKV), v (S, HV, NKV, DV) f32;
+    mask (m3, m2, N, NKV) f32 tiled over s, h; slopes (H,) f64; sinks (H,) f64; out (S, N, H, DV) f32."""
+    H, N = q.shape[1], q.shape[2]
+    NKV, DV = v.shape[2], v.shape[3]
+    rk, rv = H // kt.shape[1], H // v.shape[1]
+    m3, m2 = mask.shape[0], mask.shape[1]
+    srow = np.empty(NKV, np.float64)
+    acc = np.empty(TILE, np.float64)
+    o = np.empty(DV, np.float64)
+    for item in range(lo, hi):
+        n = item % N
+        h = (item // N) % H
+        s = item // (N * H)
+        mrow = mask[s % m3, h % m2, n % mask.shape[2]]
+        _scores(q[s, h, n], kt[s, h // rk], mrow, has_mask, slopes[h], scale, c, csc, skip_k, srow, acc)
+        total = _softmax_weights(srow, has_sinks, sinks[h])
+        o[:] = 0.0
+        vh = v[s, h // rv]
+        for j in range(NKV):
+            e = srow[j]
+            if e == 0.0 and skip_v:
+                continue
+            vj = vh[j]
+            for d in range(DV):
+                o[d] += e * np.float64(vj[d])
+        dst = out[s, n, h]
+        for d in range(DV):
+            dst[d] = np.float32(o[d] / total) if total > 0.0 else np.float32(0.0)
+
+
+def _kv_ok(x) -> bool:
+    """A K or V operand the reference accepts: a QTensor of a K/V type, or f32/f16 with contiguous rows."""
+    if isinstance(x, QTensor):
+        return x.type not in ref_at._NOT_KV and len(x.shape) <= 4
+    return (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float16) and x.ndim <= 4
+            and not (x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize))
+
+
+def _dims(q, k, v, mask, max_bias, sinks):
+    """(nq, nk, nv, nm) in ggml order when the reference accepts the operands and none is empty, else None."""
+    if not (isinstance(q, np.ndarray) and q.dtype == np.float32 and 1 <= q.ndim <= 4 and q.size
+            and not (q.shape[-1] > 1 and q.strides[-1] != q.itemsize) and _kv_ok(k) and _kv_ok(v)):
+        return None
+    nq, nk, nv = ne4(q.shape), ne4(k.shape), ne4(v.shape)
+    DK, N, H, S = nq
+    if 0 in nk or 0 in nv or nk[0] != DK or H % nk[2] or nk[3] != S or nv[3] != S or nv[1] != nk[1] or H % nv[2]:
+        return None
+    nm = None
+    if mask is not None:
+        if not (isinstance(mask, np.ndarray) and mask.dtype == np.float16 and mask.ndim <= 4
+                and mask.flags.c_contiguous):
+            return None
+        nm = ne4(mask.shape)
+        if 0 in nm or H % nm[2] or S % nm[3] or nm[0] < nk[1] or nm[1] < N:
+            return None
+    elif max_bias > 0.0:
+        return None
+    if sinks is not None and not (isinstance(sinks, np.ndarray) and sinks.dtype == np.float32 and sinks.ndim <= 4
+                                  and sinks.size == H and ne4(sinks.shape)[0] == H):
+        return None
+    return nq, nk, nv, nm
+
+
+def _f32_values(x, shape4) -> np.ndarray:
+    """K or V as f32 (S, heads, n_kv, dim): the exact values the reference takes (QTensors dequantized)."""
+    if isinstance(x, QTensor):
+        x = dequantize(x)
+    return x.reshape(shape4).astype(np.float32, copy=False)
+
+
+@register("flash_attn_ext", backend="numba")
+def flash_attn_ext(q, k, v, mask=None, scale: float = 1.0, max_bias: float = 0.0, logit_softcap: float = 0.0,
+                   sinks=None) -> np.ndarray:
+    """ggml_flash_attn_ext (see refimpl.ops.attention.flash_attn_ext) row by row in Numba."""
+    q = np.asarray(q)
+    dims = _dims(q, k, v, mask, max_bias, sinks)
+    if dims is None:
+        return ref_at.flash_attn_ext.reference(q, k, v, mask, scale, max_bias, logit_softcap, sinks)
+    nq, nk, nv, nm = dims
+    DK, N, H, S = nq
+    q4 = np.ascontiguousarray(q.reshape(nq[::-1]))                                   # (S, H, N, DK)
+    kt = np.ascontiguousarray(_f32_values(k, nk[::-1]).transpose(0, 1, 3, 2))        # (S, HK, DK, NKV)
+    v4 = np.ascontiguousarray(_f32_values(v, nv[::-1]))                              # (S, HV, NKV, DV)
+    if mask is not None:
+        m4 = mask.reshape(nm[::-1])[:, :, :N, :nk[1]].astype(np.float32)             # (m3, m2, N, NKV)
+    else:
+        m4 = np.zeros((1, 1, 1, 1), np.float32)
+    slopes = alibi_slopes(H, max_bias).astype(np.float64)
+    sk = np.zeros(H) if sinks is None else sinks.reshape(-1).astype(np.float64)
+    sc = np.float32(scale)
+    c = np.float32(logit_softcap)
+    csc = np.float64(sc / c) if c != 0 else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        skip_k = bool(np.isfinite(sc) and np.isfinite(c) and np.isfinite(csc) and np.all(slopes > 0)
+                      and np.all(np.isfinite(slopes)) and np.isfinite(q4).all() and np.isfinite(kt).all())
+    skip_v = bool(np.isfinite(v4).all())
+    out = np.empty((S, N, H, nv[0]), np.float32)
+    per = max(1, PAR_MIN // (nk[1] * (DK + nv[0])))
+    parallel_ranges(lambda lo, hi: _attn(q4, kt, v4, m4, mask is not None, slopes, sk, sinks is not None,
+                                         np.float64(sc), np.float64(c), csc, skip_k, skip_v, out, lo, hi),
+                    S * H * N, per)
+    nd = max(q.ndim, 3)
+    return out.reshape(out.shape[4 - nd:])
