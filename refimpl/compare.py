@@ -8,10 +8,14 @@
 `compare` runs the prompt's tokens through llama.cpp (llama-cpp-python's low-level API: CPU backend, no
 weight repacking, flash attention off, f16 KV cache, one micro-batch, logits for every position) with a
 graph-evaluation callback (`llama_context_params.cb_eval`) that copies every named tensor as it is
-computed, and through `refimpl.models.llama.forward(capture=)` on the same token ids. Rows line up by
-llama.cpp's tensor names (`attn_norm-0`, `Qcur-0`, `kq-0`, `kqv_out-0`, `ffn_out-0`, `l_out-0`,
-`result_norm`, `result_output`, ...), in llama.cpp's evaluation order; where a name occurs several times
-in its graph (`Qcur-0` before and after rope) the last one counts, as in refimpl's capture.
+computed, and through refimpl's forward with `capture=` on the same token ids. The model kind is the GGUF's
+general.architecture (`Family`): "bert" runs `refimpl.models.bert` (llama.cpp with embeddings on and the
+model's pooling; the last row is the pooled embedding against llama_get_embeddings_seq), "rwkv6" / "rwkv7"
+`refimpl.models.rwkv` from a fresh state, anything else `refimpl.models.llama`. Rows line up by llama.cpp's
+tensor names (`attn_norm-0`, `Qcur-0`, `kq-0`, `kqv_out-0`, `ffn_out-0`, `l_out-0`, `result_norm`,
+`result_output`, ...), in llama.cpp's evaluation order; where a name occurs several times in its graph
+(`Qcur-0` before and after rope) the last one counts, as in refimpl's capture. llama.cpp's RWKV graphs name
+only attn_norm, ffn_inp, ffn_norm and l_out per layer (refimpl captures more; those rows are absent).
 
 Shapes: NumPy order, ggml's `ne` reversed. llama.cpp's attention spans a multiple of 256 KV cells (the
 unused ones masked); in exact mode refimpl spans only the filled cells, and those rows compare the first
@@ -19,7 +23,8 @@ cells of llama.cpp's `kq-*` / `kq_soft_max-*` (the note says so). Under numerics
 same cells as llama.cpp.
 
 Budgets are NMSE bounds per tensor from the tolerance table (`("compare", weight type, numerics)`), the
-weight type being that of `blk.0.ffn_down.weight`; `over` marks a tensor beyond its budget.
+weight type being that of `blk.0.ffn_down.weight` (RWKV: `blocks.0.ffn.value.weight`); `over` marks a
+tensor beyond its budget.
 `compare_op` runs an op's named golden cases and a few drawn ones (`refimpl.testing.cases`) through refimpl
 and through ggml-python and judges each by the op's entry in the tolerance table.
 
@@ -33,7 +38,7 @@ import contextlib
 import ctypes
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -161,11 +166,15 @@ def _wanted(name: str) -> bool:
 
 
 def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
-                  type_kv: int = 1, isolate: bool = True) -> LlamaCppRun:
+                  type_kv: int = 1, pooling: int | None = None, isolate: bool = True) -> LlamaCppRun:
     """One llama_decode of `tokens` (logits for every position) on llama.cpp's CPU backend, as the goldens
     were made: no weight repacking (use_extra_bufts=False), flash attention off, K/V cache of ggml type
     `type_kv` (1: f16, llama.cpp's default; 0: f32), n_batch = n_ubatch >= len(tokens). With `capture`
     every named tensor of the graph is copied as it is computed (cb_eval).
+
+    pooling (an embedding model such as BERT): run with embeddings on and this llama_pooling_type (0 none,
+    1 mean, 2 cls, 3 last); `logits` then holds the embeddings instead: (1, n_embd) for the pooled sequence
+    (llama_get_embeddings_seq), or (n_tokens, n_embd) with pooling 0 (llama_get_embeddings_ith).
 
     isolate (default): run it in a fresh interpreter. A process that has loaded another libggml (ggml-python,
     the op oracle, does) would make llama.cpp run that build's kernels; isolate=False runs here and refuses
@@ -175,12 +184,13 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
         raise ValueError("run_llama_cpp: no tokens")
     if isolate:
         return _run_isolated(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture,
-                             type_kv=type_kv)
+                             type_kv=type_kv, pooling=pooling)
     foreign = _foreign_ggml()
     if foreign:
         raise RuntimeError("run_llama_cpp(isolate=False): this process has another libggml loaded "
                            f"({', '.join(foreign)}); llama.cpp would run its kernels. Use isolate=True.")
-    return _run_here(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture, type_kv=type_kv)
+    return _run_here(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture, type_kv=type_kv,
+                     pooling=pooling)
 
 
 def _run_isolated(model_path, tokens, **kw) -> LlamaCppRun:
@@ -227,7 +237,7 @@ def _child(argv) -> int:
 
 
 def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
-              type_kv: int = 1) -> LlamaCppRun:
+              type_kv: int = 1, pooling: int | None = None) -> LlamaCppRun:
     import llama_cpp
     import llama_cpp.llama_cpp as C
     lib = _ggml_lib()
@@ -276,6 +286,9 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
         cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.type_k = cp.type_v = int(type_kv)
         cp.offload_kqv = False
+        if pooling is not None:
+            cp.embeddings = True
+            cp.pooling_type = int(pooling)
         if capture:
             cp.cb_eval = eval_cb
             cp.cb_eval_user_data = None
@@ -294,9 +307,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
             raise RuntimeError(f"llama_decode returned {rc}:\n" + "".join(_LOG_LINES[-20:]))
         if errors:
             raise errors[0]
-        n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
-        run.logits = np.stack([np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, i), (n_vocab,)).copy()
-                               for i in range(n)])
+        run.logits = _outputs(C, model, ctx, n, pooling)
     finally:
         if batch is not None:
             C.llama_batch_free(batch)
@@ -307,16 +318,115 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
     return run
 
 
-# -- the model comparison ------------------------------------------------------------------------------
+def _outputs(C, model, ctx, n: int, pooling: int | None) -> np.ndarray:
+    """What the decode returns: logits (n, n_vocab), or the embeddings (module docstring of run_llama_cpp)."""
+    def row(ptr, size):
+        if not ptr:
+            raise RuntimeError("llama.cpp returned no output for the decode:\n" + "".join(_LOG_LINES[-20:]))
+        return np.ctypeslib.as_array(ptr, (size,)).copy()
+    if pooling is None:
+        n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
+        return np.stack([row(C.llama_get_logits_ith(ctx, i), n_vocab) for i in range(n)])
+    n_embd = C.llama_model_n_embd(model)
+    if int(pooling) == 0:
+        return np.stack([row(C.llama_get_embeddings_ith(ctx, i), n_embd) for i in range(n)])
+    return row(C.llama_get_embeddings_seq(ctx, 0), n_embd)[None]
 
-ALIASES = {"inp_embd": "embd"}      # refimpl's capture name -> llama.cpp's, where they differ
+
+# -- the model comparison ------------------------------------------------------------------------------
+# One Family per model kind refimpl runs: how to load it, run it with every intermediate captured, and
+# what llama.cpp returns for it. The kind is the GGUF's general.architecture: "bert" and "rwkv6" / "rwkv7"
+# have their own; every other architecture goes to refimpl.models.llama (which refuses what it cannot run).
+
+ALIASES = {"inp_embd": "embd"}      # llama / rwkv: refimpl's capture name -> llama.cpp's, where they differ
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3}      # refimpl.models.bert pooling -> llama.cpp's
+
+
+@dataclass(frozen=True)
+class Family:
+    """How `compare` drives one model kind.
+
+    load(path) -> model;  ffn_weight(model) -> the weight whose type picks the budget row;
+    run(model, tokens, capture) -> the final output (logits (n_tokens, n_vocab), or BERT's embeddings);
+    pooling(model) -> the llama_pooling_type llama.cpp runs with (None: logits);
+    aliases: refimpl capture name -> llama.cpp's; output: the last row's name and note."""
+    name: str
+    load: Callable
+    ffn_weight: Callable
+    run: Callable
+    pooling: Callable = lambda model: None
+    aliases: dict = field(default_factory=dict)
+    output: tuple = ("logits", "llama_get_logits_ith, every position")
+
+
+def _llama_family() -> Family:
+    from .models import llama
+
+    def run(model, tokens, capture, cache_dtype=None):
+        cache = llama.new_cache(model, max(len(tokens), 1), dtype=cache_dtype)
+        return llama.forward(model, tokens, cache, capture=capture)
+    return Family("llama", llama.load, lambda m: m.layers[0].ffn_down, run, aliases=ALIASES)
+
+
+def _bert_family() -> Family:
+    """BERT: llama.cpp runs it with embeddings on and the model's pooling (mean when the GGUF names none);
+    the last row compares refimpl's pooled embedding (`bert.pool`, not normalized) with
+    llama_get_embeddings_seq. refimpl's captured activations carry a batch axis of one sequence."""
+    from .models import bert
+
+    def pooling(model):
+        return model.pooling or "mean"
+
+    def run(model, tokens, capture, cache_dtype=None):
+        h = bert.forward(model, tokens, capture=capture)
+        out = bert.pool(h, pooling(model))
+        if out.ndim == 1:
+            capture["result_embd_pooled"] = np.array(out, copy=True)
+        return out.reshape(-1, model.hparams.n_embd)
+    return Family("bert", bert.load, lambda m: m.layers[0].ffn_down, run,
+                  pooling=lambda m: POOLING_TYPES[pooling(m)],
+                  output=("embeddings", "llama_get_embeddings_seq (pooled, not normalized)"))
+
+
+def _rwkv_family(name: str) -> Family:
+    """RWKV-6 / RWKV-7: one forward from a fresh state with the logits of every position (llama.cpp names
+    far fewer tensors than refimpl captures: attn_norm, ffn_inp, ffn_norm, l_out per layer)."""
+    from .models import rwkv
+
+    def run(model, tokens, capture, cache_dtype=None):
+        logits, _ = rwkv.forward(model, tokens, capture=capture, all_logits=True)
+        return logits
+    return Family(name, rwkv.load, lambda m: m.weights["blocks.0.ffn.value.weight"], run, aliases=ALIASES)
+
+
+def model_arch(model_path) -> str:
+    """general.architecture of a GGUF file (ValueError naming the file when it is not one)."""
+    from . import gguf
+    try:
+        f = gguf.load(model_path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{model_path}: not a readable GGUF file ({e})") from None
+    arch = f.metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{model_path}: GGUF metadata has no general.architecture")
+    return arch
+
+
+def family(arch: str) -> Family:
+    """The Family that runs GGUF architecture `arch`."""
+    if arch == "bert":
+        return _bert_family()
+    if arch in ("rwkv6", "rwkv7"):
+        return _rwkv_family(arch)
+    return _llama_family()
 
 
 def weight_type(model) -> str:
-    """The ggml type name (lowercase) of a llama model's blk.0.ffn_down weight: the budget's row."""
+    """The ggml type name (lowercase) of a model's first FFN output weight (llama, BERT: blk.0.ffn_down;
+    RWKV: blocks.0.ffn.value): the budget's row."""
     from .ops.matmul import ggml_type
     from .types import traits
-    return traits(ggml_type(model.layers[0].ffn_down)).name.lower()
+    return traits(ggml_type(_family_of(model).ffn_weight(model))).name.lower()
 
 
 def budget(wtype: str, numerics: str) -> float:
@@ -357,33 +467,34 @@ def _row(name, ours, theirs, bud, note="") -> Row:
     return Row(name, tuple(np.shape(ours)), e, d, bud, over, note)
 
 
-def run_refimpl(model, tokens, *, numerics: str = "exact", cache_dtype=None):
+def run_refimpl(model, tokens, *, numerics: str = "exact", cache_dtype=None, fam: Family | None = None):
     """refimpl's forward over `tokens` in `numerics` mode with every intermediate captured:
-    (logits, {name: array}). numerics="ggml" runs the NumPy backend (the emulations are NumPy code)."""
+    (output, {name: array}); output is the logits (n_tokens, n_vocab), or a BERT model's embeddings.
+    numerics="ggml" runs the NumPy backend (the emulations are NumPy code). cache_dtype: a Llama's KV cache."""
     from . import backend
     from . import numerics as numerics_mode
-    from .models import llama
+    fam = fam or _family_of(model)
     got: dict = {}
     tokens = np.asarray(tokens, np.int32).reshape(-1)
     with contextlib.ExitStack() as stack:
         stack.enter_context(numerics_mode(numerics))
         if numerics == "ggml":
             stack.enter_context(backend("numpy"))
-        cache = llama.new_cache(model, max(len(tokens), 1), dtype=cache_dtype)
-        logits = llama.forward(model, tokens, cache, capture=got)
-    return logits, got
+        out = fam.run(model, tokens, got, cache_dtype=cache_dtype)
+    return out, got
 
 
-def compare(model_path, prompt=None, *, numerics: str = "exact", tokens=None, n_ctx: int = 512,
-            n_threads: int = 2, cache_dtype=None, max_budget: float | None = None) -> list[Row]:
-    """refimpl's forward against llama.cpp's, tensor by tensor, on one prompt (or the token ids `tokens`):
-    one Row per tensor name both produce, in llama.cpp's evaluation order, then the logits.
+def _family_of(model) -> Family:
+    from .models.bert import BertModel
+    from .models.rwkv import RwkvModel
+    if isinstance(model, BertModel):
+        return _bert_family()
+    if isinstance(model, RwkvModel):
+        return _rwkv_family(f"rwkv{model.version}")
+    return _llama_family()
 
-    The prompt is tokenized by refimpl (with the model's special tokens, as llama.cpp's tokenizer does);
-    both sides then run the same ids. cache_dtype: refimpl's KV cache type (default: f32 in exact mode,
-    f16 under numerics="ggml"; llama.cpp's cache is f16). max_budget overrides the table's budget."""
-    from .models import llama
-    model = llama.load(model_path)
+
+def _tokens(model, model_path, prompt, tokens) -> np.ndarray:
     if tokens is None:
         if prompt is None:
             raise ValueError("compare: give a prompt or tokens")
@@ -393,10 +504,28 @@ def compare(model_path, prompt=None, *, numerics: str = "exact", tokens=None, n_
     tokens = np.asarray(tokens, np.int32).reshape(-1)
     if tokens.size == 0:
         raise ValueError("compare: the prompt has no tokens")
-    ref = run_llama_cpp(model_path, tokens, n_ctx=max(n_ctx, len(tokens)), n_threads=n_threads)
-    logits, ours = run_refimpl(model, tokens, numerics=numerics, cache_dtype=cache_dtype)
+    return tokens
+
+
+def compare(model_path, prompt=None, *, numerics: str = "exact", tokens=None, n_ctx: int = 512,
+            n_threads: int = 2, cache_dtype=None, max_budget: float | None = None) -> list[Row]:
+    """refimpl's forward against llama.cpp's, tensor by tensor, on one prompt (or the token ids `tokens`):
+    one Row per tensor name both produce, in llama.cpp's evaluation order, then the logits (a BERT model:
+    the pooled embeddings).
+
+    The model kind is the GGUF's general.architecture: bert (refimpl.models.bert; llama.cpp with embeddings
+    on and the model's pooling), rwkv6 / rwkv7 (refimpl.models.rwkv, from a fresh state), anything else
+    refimpl.models.llama. The prompt is tokenized by refimpl (with the model's special tokens, as llama.cpp's
+    tokenizer does); both sides then run the same ids. cache_dtype: a Llama's KV cache type (default: f32 in
+    exact mode, f16 under numerics="ggml"; llama.cpp's cache is f16). max_budget overrides the table's budget."""
+    fam = family(model_arch(model_path))
+    model = fam.load(model_path)
+    tokens = _tokens(model, model_path, prompt, tokens)
+    ref = run_llama_cpp(model_path, tokens, n_ctx=max(n_ctx, len(tokens)), n_threads=n_threads,
+                        pooling=fam.pooling(model))
+    out, ours = run_refimpl(model, tokens, numerics=numerics, cache_dtype=cache_dtype, fam=fam)
     bud = budget(weight_type(model), numerics) if max_budget is None else float(max_budget)
-    by_cpp = {ALIASES.get(n, n): n for n in ours}
+    by_cpp = {fam.aliases.get(n, n): n for n in ours}
     rows = []
     for cname in ref.order:
         if cname not in by_cpp:
@@ -407,7 +536,7 @@ def compare(model_path, prompt=None, *, numerics: str = "exact", tokens=None, n_
             rows.append(Row(name, tuple(np.shape(ours[name])), math.nan, math.nan, bud, True, note))
             continue
         rows.append(_row(name, ours[name], theirs, bud, note))
-    rows.append(_row("logits", logits, ref.logits, bud, "llama_get_logits_ith, every position"))
+    rows.append(_row(fam.output[0], out, ref.logits, bud, fam.output[1]))
     return rows
 
 
@@ -549,7 +678,8 @@ def add_parser(sub, add_model_options) -> None:
     """Register `refimpl compare` on the command line's subparsers."""
     s = sub.add_parser("compare", help="refimpl vs llama.cpp tensor by tensor on a prompt (-m MODEL -p PROMPT), "
                        "or one op vs ggml-python (--op OP)")
-    s.add_argument("-m", "--model", help="llama-family GGUF file (compared with llama.cpp through llama-cpp-python)")
+    s.add_argument("-m", "--model", help="GGUF file of a llama-family, bert, rwkv6 or rwkv7 model (compared with "
+                   "llama.cpp through llama-cpp-python)")
     s.add_argument("-p", "--prompt", help="prompt text (tokenized by refimpl, with the model's special tokens)")
     s.add_argument("--tokens", help="comma-separated token ids instead of a prompt")
     s.add_argument("--op", help="compare one op with ggml-python over its golden cases instead of a model")

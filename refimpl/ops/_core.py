@@ -91,6 +91,8 @@ def op(name: str, covers: str | tuple[str, ...] | None = None):
                         _load(b)
                     k = info.kernels.get(b)
                     if k is not None:
+                        if "numerics" in kwargs:        # kernels compute exact mode, the only one left here
+                            kwargs = {n: v for n, v in kwargs.items() if n != "numerics"}
                         return k(*args, **kwargs)
                     if b == "cuda":      # no CUDA kernel: the reference on host copies of device arrays
                         args, kwargs = _host_args(args), dict(zip(kwargs, _host_args(kwargs.values())))

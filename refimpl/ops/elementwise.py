@@ -394,7 +394,10 @@ def step(a):
 
 @op("tanh", covers="UNARY:TANH")
 @_doc(_unary_doc("ggml_tanh: the hyperbolic tangent of each element.", "out = tanhf(a)", _LIBM_NOTE))
-def tanh(a):
+def tanh(a, *, numerics: str | None = None):
+    if current_numerics(numerics) == "ggml":
+        from .faithful import OPS
+        return OPS["tanh"](a)
     return _unary("tanh", a, lambda x: _libm(np.tanh, x))
 
 
@@ -413,7 +416,10 @@ def relu(a):
 
 @op("sigmoid", covers="UNARY:SIGMOID")
 @_doc(_unary_doc("ggml_sigmoid: the logistic function.", "out = 1 / (1 + expf(-a))   (f32 steps)", _LIBM_NOTE))
-def sigmoid(a):
+def sigmoid(a, *, numerics: str | None = None):
+    if current_numerics(numerics) == "ggml":
+        from .faithful import OPS
+        return OPS["sigmoid"](a)
     return _unary("sigmoid", a, lambda x: f32(1) / (f32(1) + _expf(-x)))
 
 
@@ -432,7 +438,10 @@ def hardswish(a):
 
 @op("exp", covers="UNARY:EXP")
 @_doc(_unary_doc("ggml_exp: e**a element-wise.", "out = expf(a)", _LIBM_NOTE))
-def exp(a):
+def exp(a, *, numerics: str | None = None):
+    if current_numerics(numerics) == "ggml":
+        from .faithful import OPS
+        return OPS["exp"](a)
     return _unary("exp", a, _expf)
 
 

@@ -1,12 +1,23 @@
 """llamafile's tinyBLAS order, as llama.cpp's CPU build multiplies F32/F16 matrices under numerics="ggml".
 
 llama.cpp compiles llamafile's sgemm (GGML_USE_LLAMAFILE); ggml-python's build, the op-level oracle, does not.
-For a product with at least two columns (tokens) and k a multiple of 8 on an F32 or F16 source, tinyBLAS
-replaces ggml's vec_dot: the f32 activations are first rounded to the source's type (as ggml-cpu's from_float),
-then each output is ONE 8-lane accumulator, acc = fma(a[l:l+8], b[l:l+8], acc) for l = 0, 8, ..., reduced by
-hsum_b. A one-column product (a single-token decode) takes vec_dot. So the op emulation
-(`mul_mat(numerics="ggml")`, faithful/matmul.py) stays vec_dot's, and the models call `mul_mat` here, which
-takes this order where llama.cpp's build would (switch: LLAMAFILE).
+For a product on an F32 or F16 source a (ggml's src0) with f32 activations b (src1), names as in `mul_mat`
+below, tinyBLAS replaces ggml's vec_dot when (`takes_sgemm`)
+
+    m >= 2       b has at least two rows (tokens): a one-token product (a decode) takes vec_dot
+    k % 8 == 0   the 8-lane loads cover k exactly (tinyBLAS::matmul returns false otherwise)
+    n % 4 == 0   a's rows tile by RM = 4 (tinyBLAS::matmul has no tile for other row counts and returns
+                 false: BERT's kq over 6 tokens, say, takes vec_dot)
+    b reaches tinyBLAS packed: ggml_compute_forward_mul_mat calls it on src1 itself only when src1 is
+                 contiguous; otherwise only after converting src1 into its work buffer, which an F16 source
+                 needs (f32 -> f16) and an F32 source does not, so a strided f32 src1 with an F32 source
+                 (BERT's permuted Q against its f32 K, no KV cache) takes vec_dot.
+
+The f32 activations are first rounded to the source's type (as ggml-cpu's from_float), then each output is ONE
+8-lane accumulator, acc = fma(a[l:l+8], b[l:l+8], acc) for l = 0, 8, ..., reduced by hsum_b. So the op
+emulation (`mul_mat(numerics="ggml")`, faithful/matmul.py) stays vec_dot's, and the models call `mul_mat`
+here, which takes this order where llama.cpp's build would (switch: LLAMAFILE). A model passes b with the
+strides llama.cpp's graph gives src1 (a permuted view stays a NumPy view) so the contiguity rule can apply.
 
     mul_mat(a, b)   a ne [k, n, a2, a3]  numpy (a3, a2, n, k)   F32/F16 ndarray (anything else: ops.mul_mat)
                     b ne [k, m, b2, b3]  numpy (b3, b2, m, k)   f32, b2 = r2*a2, b3 = r3*a3 (ggml's broadcast)
@@ -22,6 +33,7 @@ from .vecdot import fma32, hsum_b
 
 LLAMAFILE = True       # follow llama.cpp's build (llamafile sgemm compiled in) under numerics="ggml"
 LANES = 8              # tinyBLAS's vector width for F32/F16 on AVX2 (k must be a multiple of it)
+ROW_TILE = 4           # tinyBLAS's RM on AVX2: a's row count n must be a multiple of it
 _TILE = 1 << 21        # outputs x lanes per step of sgemm (bounds its temporaries to ~50 MB)
 
 
@@ -48,10 +60,12 @@ def sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def takes_sgemm(a, b) -> bool:
-    """Whether llama.cpp's build multiplies a by b with tinyBLAS (and numerics="ggml" is active)."""
+    """Whether llama.cpp's build multiplies a by b with tinyBLAS (and numerics="ggml" is active): the
+    conditions of the module docstring."""
     return (LLAMAFILE and isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float16) and 2 <= a.ndim <= 4
             and isinstance(b, np.ndarray) and b.dtype == np.float32 and 2 <= b.ndim <= 4
             and b.shape[-1] == a.shape[-1] and b.shape[-2] >= 2 and a.shape[-1] % LANES == 0
+            and a.shape[-2] % ROW_TILE == 0 and (b.flags.c_contiguous or a.dtype != np.float32)
             and current_numerics() == "ggml")
 
 

@@ -1,4 +1,5 @@
-"""numerics="ggml" for the row ops around mul_mat: rms_norm, norm, soft_max_ext, rope_ext, silu, swiglu.
+"""numerics="ggml" for the ops around mul_mat: rms_norm, norm, soft_max_ext, rope_ext, silu, swiglu, rwkv_wkv7,
+tanh, exp, sigmoid.
 
 Each function takes the op's arguments (its refimpl signature without `numerics`) and returns ggml-cpu's
 result on the portable AVX2 build bit for bit. Exact mode already matches ggml in everything but:
@@ -12,6 +13,10 @@ result on the portable AVX2 build bit for bit. Exact mode already matches ggml i
                   x0*cos - x1*sin as fma(x0, cos, -fl(x1*sin)), x0*sin + x1*cos as fma(x0, sin, fl(x1*cos)),
                   except NORMAL's odd last pair (unfused)
     silu, swiglu  vexp / vsilu on 8-lane chunks of each row, libm expf on the tail (f16: libm throughout)
+    rwkv_wkv7     sa = Σ a·s and out = Σ s·r in the AVX2 kernel's 4 x 8 FMA lanes, reduced as ggml_vec_dot_f32
+    tanh, exp,    the C library's tanhf / expf on every element (ggml-cpu's scalar loops: no SIMD form),
+    sigmoid       sigmoid as 1.f/(1.f + expf(-x)); exact mode rounds the correctly rounded f64 function,
+                  which glibc's tanhf misses on ~1/3 of RWKV's LoRA activations
 
 Validation is the exact op's: these functions assume arguments the op accepts (they call its checks).
 """
@@ -20,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .simd import chunk_split, libm, vexp, vsilu
-from .vecdot import fma32, hsum_b
+from .vecdot import fma32, hsum_a, hsum_b
 
 f32, f64 = np.float32, np.float64
 
@@ -179,6 +184,75 @@ def swiglu(a, b=None, *, swapped: bool = False):
     return _glu("swiglu", a, b, swapped, act)
 
 
+# -- unary ops on the C library ----------------------------------------------------------------------------
+
+def tanh(a):
+    """ggml_tanh (op_tanh in unary-ops.cpp): the C library's tanhf per element; f16/bf16 through f32."""
+    from ..elementwise import _unary
+    return _unary("tanh", a, lambda x: libm("tanhf", x))
+
+
+def exp(a):
+    """ggml_exp (op_exp): the C library's expf per element; f16/bf16 through f32."""
+    from ..elementwise import _unary
+    return _unary("exp", a, lambda x: libm("expf", x))
+
+
+def sigmoid(a):
+    """ggml_sigmoid (op_sigmoid): 1.f / (1.f + expf(-x)) in f32 steps, expf the C library's."""
+    from ..elementwise import _unary
+    return _unary("sigmoid", a, lambda x: f32(1) / (f32(1) + libm("expf", -x)))
+
+
+# -- rwkv_wkv7 -------------------------------------------------------------------------------------------
+
+WKV7_STEP = 32        # GGML_F32_STEP on AVX2: the kernel steps over the key index 32 at a time (4 x 8 lanes)
+
+
+def _lanes_dot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Σ_j x[..., j]*y[..., j] as the AVX2 GGML_F32 loop sums it: chunks of 32 held in 4 registers of 8 lanes,
+    acc[c] = fma(x, y, acc[c]); GGML_F32_VEC_REDUCE = (acc0 + acc2) + (acc1 + acc3), then hsum_a.
+    x, y broadcast over (..., S), S a multiple of 32 -> (...) f32."""
+    x, y = np.broadcast_arrays(x, y)
+    S = x.shape[-1]
+    xs = x.reshape(x.shape[:-1] + (S // WKV7_STEP, 4, 8))
+    ys = y.reshape(xs.shape)
+    acc = np.zeros(xs.shape[:-3] + (4, 8), f32)
+    for c in range(xs.shape[-3]):
+        acc = fma32(xs[..., c, :, :], ys[..., c, :, :], acc)
+    v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+    return hsum_a(np.moveaxis(v, -1, 0))
+
+
+def rwkv_wkv7(r, w, k, v, a, b, state):
+    """ggml_compute_forward_rwkv_wkv7_f32, SIMD path (AVX2), per token, head and value index i:
+    sa = _lanes_dot(a, s[i]); s[i][j] = fma(sa, b[j], fma(s[i][j], w[j], fl(v[i]*k[j]))) (as exact mode);
+    out[i] = _lanes_dot(s[i], r) over the updated row. The kernel has no remainder loop: for a head size
+    that is not a multiple of 32 ggml reads past the rows, and this returns exact mode's formula."""
+    from ..recurrent import _pack, _tokens
+    from ..recurrent import rwkv_wkv7 as exact
+    r, w, k, v, a, b, state = (np.asarray(x) for x in (r, w, k, v, a, b, state))
+    S, H, T, n_seqs = _tokens("rwkv_wkv7", "k", state, r=r, w=w, k=k, v=v, a=a, b=b)
+    if S % WKV7_STEP:
+        return exact.reference(r, w, k, v, a, b, state)
+    r3, w3, k3, v3, a3, b3 = (x.reshape(T, H, S).astype(f32) for x in (r, w, k, v, a, b))
+    s_in = state.reshape(n_seqs, H, S, S).astype(f32)
+    tps = T // n_seqs
+    y = np.empty((T, H, S), f32)
+    states = np.empty((n_seqs, H, S, S), f32)
+    with np.errstate(all="ignore"):
+        for t in range(T):
+            if t % tps == 0:
+                s = s_in[t // tps]
+            sa = _lanes_dot(a3[t][:, None, :], s)                                     # (H, S_i)
+            kv = v3[t][:, :, None] * k3[t][:, None, :]
+            s = fma32(sa[:, :, None], b3[t][:, None, :], fma32(s, w3[t][:, None, :], kv))
+            y[t] = _lanes_dot(s, r3[t][:, None, :])
+            if t % tps == tps - 1:
+                states[t // tps] = s
+    return _pack(y, states, S, H)
+
+
 # -- rope -------------------------------------------------------------------------------------------------
 
 def _yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
@@ -268,4 +342,4 @@ def rope_ext(x, pos, freq_factors=None, *, n_dims, mode=0, n_ctx_orig=0, freq_ba
 
 
 OPS = {"rms_norm": rms_norm, "norm": norm, "soft_max_ext": soft_max_ext, "rope_ext": rope_ext, "silu": silu,
-       "swiglu": swiglu}
+       "swiglu": swiglu, "tanh": tanh, "exp": exp, "sigmoid": sigmoid, "rwkv_wkv7": rwkv_wkv7}

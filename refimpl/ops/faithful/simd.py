@@ -2,7 +2,7 @@
 
     vexp(x)          ggml_v_expf for __m256 (src/ggml-cpu/vec.h), one lane per element of x
     vsilu(x)         ggml_v_silu: x / (1 + vexp(0 - x))
-    libm(name, *x)   the process's single-precision libm function (expf, logf, cosf, sinf, powf), the same
+    libm(name, *x)   the process's single-precision libm function (expf, logf, cosf, sinf, tanhf, powf), the same
                      code ggml-cpu calls for scalar tails and caches; elementwise over arrays
     chunk_split(n)   where a row of n elements switches from 8-lane chunks to the scalar tail
 
@@ -70,7 +70,7 @@ def vsilu(x) -> np.ndarray:
 
 _LIB = None
 _FNS: dict[str, object] = {}
-_NUMPY_F64 = {"expf": np.exp, "logf": np.log, "cosf": np.cos, "sinf": np.sin, "powf": np.power}
+_NUMPY_F64 = {"expf": np.exp, "logf": np.log, "cosf": np.cos, "sinf": np.sin, "tanhf": np.tanh, "powf": np.power}
 
 
 def _libm_fn(name: str, nargs: int):
@@ -92,7 +92,7 @@ def _libm_fn(name: str, nargs: int):
 
 
 def libm(name: str, *args) -> np.ndarray:
-    """The C library's single-precision `name` (expf, logf, cosf, sinf; powf with two arguments) of f32
+    """The C library's single-precision `name` (expf, logf, cosf, sinf, tanhf; powf with two arguments) of f32
     arrays (broadcast), called once per distinct argument tuple. glibc's versions are not always correctly
     rounded, so only the library itself reproduces ggml's tails bit for bit. Without a loadable C library it
     falls back to the f64 function rounded once (equal except in rare last-bit cases)."""
@@ -104,10 +104,10 @@ def libm(name: str, *args) -> np.ndarray:
             return _NUMPY_F64[name](*[a.astype(np.float64) for a in arrs]).astype(f32)
     if not arrs[0].size:
         return np.empty(shape, f32)
-    if len(args) == 1:
-        uniq, inv = np.unique(arrs[0].ravel(), return_inverse=True)
-        vals = np.array([fn(float(v)) for v in uniq], f32)
-        return vals[inv].reshape(shape)
+    if len(args) == 1:                  # distinct bit patterns: np.unique on values would merge -0.0 and +0.0
+        uniq, inv = np.unique(np.ascontiguousarray(arrs[0]).ravel().view(u32), return_inverse=True)
+        vals = np.array([fn(float(v)) for v in uniq.view(f32)], f32)
+        return vals[inv.reshape(-1)].reshape(shape)
     flat = [a.ravel() for a in arrs]
     return np.array([fn(*(float(a[i]) for a in flat)) for i in range(flat[0].size)], f32).reshape(shape)
 
