@@ -24,6 +24,7 @@ from ...quants._common import f16_to_f32
 from ...quants.fp4 import KVALUES_MXFP4, e8m0_half, ue4m3_half
 from ...quants.iq_tables import TABLES
 from ...types import GGMLType, type_traits
+from .._core import kernel_for
 from ..matmul import VEC_DOT_TYPE
 from .vecdot import (TILE_ELEMS, dot_bf16, dot_f16, dot_f32, fma32, hsum_b, int_lanes, lane_major,
                      sign_quirk)
@@ -687,6 +688,9 @@ def _dots(ta: GGMLType, w, y) -> np.ndarray:
         ts, tsa = type_traits[ta].type_size, type_traits[VEC_DOT_TYPE[ta]].type_size
         W, Y = _blocks(_rows(w), ts), _blocks(_rows(y), tsa)
         fn = QUANT_DOTS[ta]
+        kernel = kernel_for(fn)            # the same bits compiled (refimpl/kernels/faithful.py), if any
+        if kernel is not None:
+            return kernel(W, Y)
     n, m = W.shape[0], Y.shape[0]
     k = int(w.shape[-1])
     out = np.empty((m, n), f32)
