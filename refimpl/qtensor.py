@@ -6,6 +6,8 @@ a multiple of the block size) holds `data`, raw bytes of NumPy shape `(..., row_
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .types import as_type, traits
@@ -78,7 +80,7 @@ class QTensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)          # (np.prod costs ~30 us on a cold call)
 
     @property
     def nbytes(self) -> int:

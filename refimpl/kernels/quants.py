@@ -15,7 +15,9 @@ as f32, and tables built from the NumPy code's own functions (E2M1 values, NVFP4
 the same by construction. Decoders flip signs with `-x` (LLVM's fneg flips the sign bit of NaN too,
 as ggml's compiled `x * (bit ? -1 : 1)` does, see refimpl.quants.iq._flip). Q4_1/Q5_1 blocks whose
 min is NaN take `_nan_min` (which NaN `q*d + m` keeps must not depend on LLVM's operand order).
-Inner loops run `range(_rt(16, R, 32))`-style run-time trip counts so that LLVM vectorizes them.
+Inner loops run `range(_rt(16, R, 32))`-style run-time trip counts so that LLVM vectorizes them;
+the hottest (Q8_0, Q4_K, Q5_K) also index slices from 0, keep nibbles uint8 up to the f32 conversion
+(int64 lanes convert 4-8 values per instruction) and take shifts as literals (`_q5_K_chunk`).
 """
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ import functools
 
 import numpy as np
 from numba import njit
+from numba.np.ufunc import parallel as _numba_parallel
 
 from ..ops._core import implements
 from ..quants import DEQUANTIZERS
 from ..types import GGMLType, traits
-from ._common import f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, parallel_ranges
+from ._common import f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, n_threads, parallel_ranges
 
 _TWO_M24 = np.float32(2.0 ** -24)
 
@@ -226,10 +229,11 @@ def _dq_q5_1(src, out, lo, hi, T):
 @njit(cache=True, nogil=True)
 def _dq_q8_0(src, out, lo, hi, T):
     R = out.shape[1]            # = 32, but a run-time value (see _rt)
-    for i in range(lo, hi):
-        d = _f16(src, i, 0)
+    s, o = src[lo:hi], out[lo:hi]          # indexed from 0: no negative-index checks (see _flat_f16)
+    for i in range(s.shape[0]):
+        d = _f16(s, i, 0)
         for j in range(_rt(32, R, 32)):
-            out[i, j] = _i8(src[i, 2 + j]) * d
+            o[i, j] = _i8(s[i, 2 + j]) * d
 
 
 @njit(cache=True, nogil=True)
@@ -350,45 +354,66 @@ def _scale_min_k4(src, i, o, j):
     return sc, m
 
 
+@njit(inline="always")
+def _q4_K_chunk(src, out, i, c, d, dmin, R):
+    """Elements 64c .. 64c+63 of Q4_K block i (sub-blocks 2c, 2c+1: low, then high nibbles of qs[32c:32c+32]).
+    The decoders call it once per literal c, so that every shift and offset is a constant; the nibbles
+    stay uint8 (LLVM then converts 8 and more per instruction, not int64 lanes)."""
+    sc0, m0 = _scale_min_k4(src, i, 4, 2 * c)
+    sc1, m1 = _scale_min_k4(src, i, 4, 2 * c + 1)
+    D0 = d * np.float32(sc0)
+    M0 = dmin * np.float32(m0)
+    D1 = d * np.float32(sc1)
+    M1 = dmin * np.float32(m1)
+    for l in range(_rt(32, R, 256)):
+        b = src[i, 16 + 32 * c + l]
+        out[i, 64 * c + l] = np.float32(np.uint8(b & 15)) * D0 - M0
+        out[i, 64 * c + 32 + l] = np.float32(np.uint8(b >> 4)) * D1 - M1
+
+
 @njit(cache=True, nogil=True)
 def _dq_q4_K(src, out, lo, hi, T):
     R = out.shape[1]            # = 256, but a run-time value (see _rt)
-    for i in range(lo, hi):
-        d = _f16(src, i, 0)
-        dmin = _f16(src, i, 2)
-        for c in range(_rt(4, R, 256)):
-            sc0, m0 = _scale_min_k4(src, i, 4, 2 * c)
-            sc1, m1 = _scale_min_k4(src, i, 4, 2 * c + 1)
-            D0 = d * np.float32(sc0)
-            M0 = dmin * np.float32(m0)
-            D1 = d * np.float32(sc1)
-            M1 = dmin * np.float32(m1)
-            for l in range(_rt(32, R, 256)):
-                b = src[i, 16 + 32 * c + l]
-                out[i, 64 * c + l] = np.float32(b & 15) * D0 - M0
-                out[i, 64 * c + 32 + l] = np.float32(b >> 4) * D1 - M1
+    s, o = src[lo:hi], out[lo:hi]          # indexed from 0 (see _dq_q8_0)
+    for i in range(s.shape[0]):
+        d = _f16(s, i, 0)
+        dmin = _f16(s, i, 2)
+        _q4_K_chunk(s, o, i, 0, d, dmin, R)
+        _q4_K_chunk(s, o, i, 1, d, dmin, R)
+        _q4_K_chunk(s, o, i, 2, d, dmin, R)
+        _q4_K_chunk(s, o, i, 3, d, dmin, R)
+
+
+@njit(inline="always")
+def _q5_K_chunk(src, out, i, c, d, dmin, R):
+    """Elements 64c .. 64c+63 of Q5_K block i: as _q4_K_chunk, the fifth bits from bits 2c, 2c+1 of qh[l]
+    (constant shifts, c being a literal)."""
+    sc0, m0 = _scale_min_k4(src, i, 4, 2 * c)
+    sc1, m1 = _scale_min_k4(src, i, 4, 2 * c + 1)
+    D0 = d * np.float32(sc0)
+    M0 = dmin * np.float32(m0)
+    D1 = d * np.float32(sc1)
+    M1 = dmin * np.float32(m1)
+    for l in range(_rt(32, R, 256)):
+        b = src[i, 48 + 32 * c + l]
+        qh = src[i, 16 + l]
+        q0 = np.uint8(b & 15) | np.uint8(((qh >> (2 * c)) & 1) << 4)
+        q1 = np.uint8(b >> 4) | np.uint8(((qh >> (2 * c + 1)) & 1) << 4)
+        out[i, 64 * c + l] = np.float32(np.uint8(q0)) * D0 - M0
+        out[i, 64 * c + 32 + l] = np.float32(np.uint8(q1)) * D1 - M1
 
 
 @njit(cache=True, nogil=True)
 def _dq_q5_K(src, out, lo, hi, T):
     R = out.shape[1]            # = 256, but a run-time value (see _rt)
-    for i in range(lo, hi):
-        d = _f16(src, i, 0)
-        dmin = _f16(src, i, 2)
-        for c in range(_rt(4, R, 256)):
-            sc0, m0 = _scale_min_k4(src, i, 4, 2 * c)
-            sc1, m1 = _scale_min_k4(src, i, 4, 2 * c + 1)
-            D0 = d * np.float32(sc0)
-            M0 = dmin * np.float32(m0)
-            D1 = d * np.float32(sc1)
-            M1 = dmin * np.float32(m1)
-            for l in range(_rt(32, R, 256)):
-                b = np.int64(src[i, 48 + 32 * c + l])
-                qh = np.int64(src[i, 16 + l])
-                q0 = (b & 15) | (((qh >> (2 * c)) & 1) << 4)
-                q1 = (b >> 4) | (((qh >> (2 * c + 1)) & 1) << 4)
-                out[i, 64 * c + l] = np.float32(q0) * D0 - M0
-                out[i, 64 * c + 32 + l] = np.float32(q1) * D1 - M1
+    s, o = src[lo:hi], out[lo:hi]          # indexed from 0 (see _dq_q8_0)
+    for i in range(s.shape[0]):
+        d = _f16(s, i, 0)
+        dmin = _f16(s, i, 2)
+        _q5_K_chunk(s, o, i, 0, d, dmin, R)
+        _q5_K_chunk(s, o, i, 1, d, dmin, R)
+        _q5_K_chunk(s, o, i, 2, d, dmin, R)
+        _q5_K_chunk(s, o, i, 3, d, dmin, R)
 
 
 @njit(cache=True, nogil=True)
@@ -645,39 +670,69 @@ DECODERS = {F32_T: _dq_f32, F16_T: _dq_f16, BF16_T: _dq_bf16, Q4_0: _dq_q4_0, Q4
 DECODABLE = frozenset(t for t in DEQUANTIZERS if int(t) in DECODERS)
 
 
+# The per-tensor path below runs on caches that the previous decode has just flushed (1M elements
+# write 4 MB), where each Python-level step costs several microseconds: it takes as few as it can.
+
+_TABLED = frozenset((IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, IQ4_NL, IQ4_XS, MXFP4, NVFP4))
+
+
+def _threads() -> int:
+    """n_threads(): the same thread-local count, read straight from Numba's threading layer once its
+    threads run (numba.get_num_threads takes two locks first: 10-15 us cold, 3 us this way)."""
+    if _numba_parallel._is_initialized:
+        return _numba_parallel._get_num_threads()
+    return n_threads()
+
+
+def _decode(dq, src, out, min_blocks, T):
+    """dq on all blocks of src into out: one call on this thread unless there is work for several.
+    T: tables(), or () for the types that use none (unboxing ten arrays per call costs ~4 us cold)."""
+    n = src.shape[0]
+    if n < 2 * min_blocks or _threads() == 1:
+        dq(src, out, 0, n, T)
+    else:
+        parallel_ranges(lambda lo, hi: dq(src, out, lo, hi, T), n, min_blocks)
+
+
 def dequantize_into(t, src: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Decode all blocks of src (n, type_size) uint8 into out (n, blck_size) f32 (both C-contiguous)."""
-    tr = traits(t)
-    tid, T = int(t), tables()
+    tid = int(t)
     if tid in (F16_T, BF16_T):                 # one element per "block": flat loops
         s16, o32 = src.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32)
         flat = _flat_f16 if tid == F16_T else _flat_bf16
         parallel_ranges(lambda lo, hi: flat(s16, o32, lo, hi), s16.size, PAR_MIN)
     elif tid == F32_T:
         out.reshape(-1).view(np.uint32)[...] = src.reshape(-1).view(np.uint32)
-    else:
-        dq = DECODERS[tid]                       # compiled on first use of its type
-        parallel_ranges(lambda lo, hi: dq(src, out, lo, hi, T), src.shape[0], max(1, PAR_MIN // tr.blck_size))
+    else:                                      # DECODERS[tid] compiles on first use of its type
+        _decode(DECODERS[tid], src, out, max(1, PAR_MIN // traits(t).blck_size), tables() if tid in _TABLED else ())
     return out
 
 
 def _wrapper(t):
     tr = traits(t)
     ref = DEQUANTIZERS[t]
+    shape = (tr.type_size,)
+    if int(t) in (F32_T, F16_T, BF16_T):
+        into = functools.partial(dequantize_into, t)
+    else:                                      # straight to the decoder: this runs once per tensor
+        into = functools.partial(_decode, DECODERS[int(t)], min_blocks=max(1, PAR_MIN // tr.blck_size),
+                                 T=tables() if int(t) in _TABLED else ())
 
     def dequantize(blocks, out=None):
         blocks = np.ascontiguousarray(blocks, np.uint8)
-        if blocks.ndim != 2 or blocks.shape[1] != tr.type_size:
+        if blocks.shape[1:] != shape:
             raise ValueError(f"{tr.name} blocks must be (n, {tr.type_size}) uint8, got {blocks.shape}")
         n = blocks.shape[0]
         if out is None or not (out.flags.c_contiguous and out.dtype == np.float32
                                and out.shape == (n, tr.blck_size)):
-            res = dequantize_into(t, blocks, np.empty((n, tr.blck_size), np.float32))
+            res = np.empty((n, tr.blck_size), np.float32)
+            into(blocks, res)
             if out is None:
                 return res
             out[...] = res
             return out
-        return dequantize_into(t, blocks, out)
+        into(blocks, out)
+        return out
 
     dequantize.__name__ = f"dequantize_{tr.name}"
     dequantize.__doc__ = (f"{tr.name} blocks (n, {tr.type_size}) uint8 -> (n, {tr.blck_size}) f32 with Numba; "
