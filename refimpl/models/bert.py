@@ -45,6 +45,10 @@ projection, then after it and its bias; a dict keeps the second), ffn_inp-N, ffn
 (ffn_gelu_erf-N for the erf GELU), ffn_down-N, ffn_out-N, result_embd and, from `embed`, result_embd_pooled.
 llama.cpp names no tensor for a layer's output; refimpl calls it l_out-N as llama.cpp's other graphs do.
 Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [..., n_tokens, n_seq].
+
+Under `refimpl.backend("cuda")` the activations stay on the device between ops (as in refimpl.models.llama:
+weights uploaded once, the head permutations run as CUDA kernels, the mask uploaded once per batch); `forward`
+returns NumPy states and `embed` pools on the device and copies each pooled vector back.
 """
 from __future__ import annotations
 
@@ -55,8 +59,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import add, gelu, gelu_erf, get_rows, mul, norm, soft_max_ext
+from ..ops import add, current_numerics, gelu, gelu_erf, get_rows, mul, norm, soft_max_ext
 from ..ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
+from .llama import device_constant, gpu_mode, on_device, permuted, to_device, to_host
 
 A = Any  # np.ndarray or QTensor
 
@@ -313,21 +318,22 @@ def _load_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
 # -- the graph ---------------------------------------------------------------------------------------------
 
 def _capture(capture) -> Callable[[str, np.ndarray], None]:
+    """A (name, array) callback; device arrays reach it as NumPy copies."""
     if capture is None:
         return lambda name, x: None
     if callable(capture):
-        return capture
-    return lambda name, x: capture.__setitem__(name, np.array(x, copy=True))
+        return lambda name, x: capture(name, to_host(x))
+    return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
 
 
 def _norm(x, w, b, eps):
     """llama.cpp's build_norm(LLM_NORM): ggml_norm, then mul by the weight and add the bias."""
-    return add(mul(norm(x, eps), w), b)
+    return add(mul(norm(x, eps), device_constant(w)), device_constant(b))
 
 
 def _linear(w, b, x):
     y = mul_mat(w, x)
-    return y if b is None else add(y, b)
+    return y if b is None else add(y, device_constant(b))
 
 
 def key_mask(lengths, n_tokens: int) -> np.ndarray:
@@ -348,16 +354,19 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     ne [n_kv, n_tokens, n_head, n_seq]; soft_max_ext with the mask and 1/sqrt(head_dim); kqv = mul_mat(V^T, kq).
     """
     S, T, H, D = q.shape
-    qh = np.ascontiguousarray(q.transpose(0, 2, 1, 3))          # (S, H, T, D)     ne [D, T, H, S]
-    kh = np.ascontiguousarray(k.transpose(0, 2, 1, 3))
+    # ggml permutes Q as a view: under numerics="ggml" it stays a strided NumPy view, so that
+    # ops.faithful.llamafile.mul_mat sees the non-contiguous f32 src1 that makes llama.cpp take vec_dot for kq
+    ggml_view = current_numerics() == "ggml" and not on_device(q)
+    qh = q.transpose(0, 2, 1, 3) if ggml_view else permuted(q, (0, 2, 1, 3))   # (S, H, T, D)  ne [D, T, H, S]
+    kh = permuted(k, (0, 2, 1, 3))
     kq = mul_mat(kh, qh)                                         # (S, H, T, n_kv)  ne [n_kv, T, H, S]
     cap(f"kq-{il}", kq)
     kq = soft_max_ext(kq, mask, scale, 0.0)
     cap(f"kq_soft_max-{il}", kq)
-    vt = np.ascontiguousarray(v.transpose(0, 2, 3, 1))          # (S, H, D, n_kv)  ne [n_kv, D, H, S]
+    vt = permuted(v, (0, 2, 3, 1))                               # (S, H, D, n_kv)  ne [n_kv, D, H, S]
     kqv = mul_mat(vt, kq)                                        # (S, H, T, D)     ne [D, T, H, S]
     cap(f"kqv-{il}", kqv)
-    out = np.ascontiguousarray(kqv.transpose(0, 2, 1, 3)).reshape(S, T, H * D)
+    out = permuted(kqv, (0, 2, 1, 3)).reshape(S, T, H * D)
     cap(f"kqv_out-{il}", out)
     return out
 
@@ -382,14 +391,14 @@ def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     up = mul_mat(w.ffn_up, ffn_inp)
     cap(f"ffn_up-{il}", up.reshape(S, T, -1))
     if w.ffn_up_b is not None:
-        up = add(up, w.ffn_up_b)
+        up = add(up, device_constant(w.ffn_up_b))
         cap(f"ffn_up_b-{il}", up.reshape(S, T, -1))
     act = ACTS[hp.act](up)
     cap(f"ffn_{hp.act}-{il}", act.reshape(S, T, -1))
     cur = mul_mat(w.ffn_down, act)
     if w.ffn_down_b is not None:
         cap(f"ffn_down-{il}", cur.reshape(S, T, E))
-        cur = add(cur, w.ffn_down_b)
+        cur = add(cur, device_constant(w.ffn_down_b))
     cap(f"ffn_out-{il}", cur.reshape(S, T, E))
     cur = add(cur, ffn_inp)                                                   # attention bypasses the FFN
     out = _norm(cur, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps).reshape(S, T, E)
@@ -419,6 +428,12 @@ def forward(model: BertModel, tokens, token_types=None, *, capture=None):
     alone: the same floats up to the order in which BLAS adds exact f64 products of the same terms (the padded
     keys add exact zeros), which the test suite checks bit for bit.
     """
+    out = _forward(model, tokens, token_types, capture=capture)
+    return to_host(out) if not isinstance(out, list) else [to_host(h) for h in out]
+
+
+def _forward(model: BertModel, tokens, token_types=None, *, capture=None):
+    """`forward`, its states left where the ops put them (device arrays under the CUDA backend)."""
     hp = model.hparams
     seqs, single = _batch(tokens)
     if not seqs:
@@ -457,6 +472,8 @@ def forward(model: BertModel, tokens, token_types=None, *, capture=None):
     x = _norm(x, model.w("token_embd_norm.weight"), model.w("token_embd_norm.bias"), hp.norm_eps)
     cap("inp_norm-0", x)
     mask = key_mask(lengths, T)
+    if gpu_mode():                            # uploaded once per batch, not once per layer
+        mask = to_device(mask)
     for il, w in enumerate(model.layers):
         x = layer(x, w, hp, mask, cap, il)
     cap("result_embd", x)
@@ -480,7 +497,7 @@ def pool(h: np.ndarray, pooling: str) -> np.ndarray:
     n = h.shape[0]
     if pooling == "mean":
         inp_mean = np.full((1, n), np.float32(1) / np.float32(n), np.float32)      # ne [n_tokens, 1]
-        return mul_mat(np.ascontiguousarray(h.T), inp_mean)[0]                       # ne [n_embd, 1]
+        return mul_mat(permuted(h, (1, 0)), inp_mean)[0]                             # ne [n_embd, 1]
     if pooling in ("cls", "last"):
         return get_rows(h, np.array([0 if pooling == "cls" else n - 1], np.int32))[0]
     raise ValueError(f"pooling {pooling!r} is not one of {POOLINGS}")
@@ -533,8 +550,8 @@ def embed_ids(model: BertModel, ids, pooling: str | None = "mean", normalize: bo
     cap = _capture(capture)
     out = []
     for lo in range(0, len(ids), max(1, int(batch_size))):
-        for h in forward(model, ids[lo:lo + batch_size], capture=capture):
-            v = pool(h, pooling)
+        for h in _forward(model, ids[lo:lo + batch_size], capture=capture):
+            v = to_host(pool(h, pooling))
             cap("result_embd_pooled", v)
             out.append(_normalize_rows(v) if normalize else v)
     if pooling == "none":

@@ -11,6 +11,13 @@ names (`attn_norm-0`, `Qcur-0`, `kq-0`, `ffn_out-0`, `result_norm`, `result_outp
 The graph follows llama.cpp's `llm_build_llama`: rms_norm·attn_norm -> Q, K, V -> rope_ext on Q, K ->
 softmax(K Q^T / sqrt(head_dim) + causal mask) -> V -> attn_output -> residual -> rms_norm·ffn_norm ->
 ffn_down(silu(ffn_gate x) * ffn_up x) -> residual; output_norm, then output (or token_embd when tied).
+
+Under `refimpl.backend("cuda")` (exact numerics) the activations are numba device arrays between ops: the
+weights are uploaded once (the kernels' `_device.weight`, keyed by the host array; norm gains and biases
+through `device_constant`), the KV cache moves to the device on its first store and stays there, the mask
+and positions are uploaded once per forward, and the copies between ops (permuted heads, cache rows) run
+as CUDA kernels (refimpl/kernels/cuda/movement.py). Only the logits come back to the host. The helpers
+below (`on_device` ... `permuted`) keep the NumPy code path exactly as it is; bert and rwkv use them too.
 """
 from __future__ import annotations
 
@@ -22,13 +29,59 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import add, current_numerics, get_rows, mul, rms_norm, rope_ext, soft_max_ext, swiglu
+from ..ops import add, current_backend, current_numerics, get_rows, mul, rms_norm, rope_ext, soft_max_ext, swiglu
 from ..ops import mul_mat as _mul_mat
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 
 A = Any  # np.ndarray or QTensor
+
+
+# -- the CUDA backend: device arrays between ops (nothing here imports Numba unless a device array is seen) ----
+
+def on_device(x) -> bool:
+    """x is a numba.cuda device array (the CUDA backend's activations; duck-typed, so Numba is not imported)."""
+    return hasattr(x, "copy_to_host") and hasattr(x, "shape")
+
+
+def gpu_mode() -> bool:
+    """Ops run CUDA kernels: backend "cuda" in exact numerics (numerics="ggml" runs the NumPy emulation)."""
+    return current_backend() == "cuda" and current_numerics() != "ggml"
+
+
+def movement():
+    """refimpl.kernels.cuda.movement (imported on first use: it imports numba.cuda)."""
+    from ..kernels.cuda import movement as mv
+    return mv
+
+
+def to_host(x):
+    """A device array copied to NumPy; anything else unchanged."""
+    return x.copy_to_host() if on_device(x) else x
+
+
+def to_device(x):
+    """A host array uploaded (per call: for inputs such as masks and positions, never for weights)."""
+    from ..kernels.cuda import _device
+    return _device.to_device(x)
+
+
+def device_constant(w):
+    """A weight used as an element-wise operand (a norm gain, a bias): its device copy from the kernels'
+    upload-once cache (keyed by the host array, so `w` must be the model's own array, not a fresh view)
+    under gpu_mode(); `w` itself otherwise."""
+    if w is None or not gpu_mode():
+        return w
+    from ..kernels.cuda import _device
+    return _device.weight(w).data
+
+
+def permuted(x, axes):
+    """np.ascontiguousarray(x.transpose(axes)); a device array is permuted by a CUDA kernel."""
+    if on_device(x):
+        return movement().permute(x, axes)
+    return np.ascontiguousarray(x.transpose(axes))
 
 ROPE_NORMAL, ROPE_NEOX = 0, 2
 # The architectures this graph computes exactly as llama.cpp does, with llama.cpp's rope type for each
@@ -277,11 +330,25 @@ class KVCache:
         self.n_past = 0
         self.n_ctx = n_ctx
 
+    def _place(self, device: bool) -> None:
+        """Move both buffers to the device (uploaded once, contents kept) or back to the host."""
+        if device and not on_device(self.k):
+            self.k, self.v = to_device(self.k), to_device(self.v)
+        elif not device and on_device(self.k):
+            self.k, self.v = self.k.copy_to_host(), self.v.copy_to_host()
+
     def store(self, il: int, k: np.ndarray, v: np.ndarray, pos: int):
-        """Write this layer's K, V for positions pos..pos+T-1; return K, V of positions 0..pos+T-1 (f32)."""
+        """Write this layer's K, V for positions pos..pos+T-1; return K, V of positions 0..pos+T-1 (f32).
+        Device K, V (the CUDA backend) move the buffers to the device, where the rows are written in place."""
         T = k.shape[0]
         if pos + T > self.n_ctx:
             raise ValueError(f"KV cache full: {pos} + {T} tokens > n_ctx {self.n_ctx}")
+        self._place(on_device(k) or on_device(v) or (on_device(self.k) and gpu_mode()))
+        if on_device(self.k):
+            mv = movement()
+            mv.assign(self.k[il, pos:pos + T], k)
+            mv.assign(self.v[il, pos:pos + T], v)
+            return mv.cast(self.k[il, :pos + T], np.float32), mv.cast(self.v[il, :pos + T], np.float32)
         self.k[il, pos:pos + T] = k
         self.v[il, pos:pos + T] = v
         return (self.k[il, :pos + T].astype(np.float32, copy=False),
@@ -292,6 +359,8 @@ class KVCache:
         llama.cpp's graph views them; cells past n_ctx read as zeros (llama.cpp's cache is a multiple of
         KV_PAD cells, and a masked cell contributes exact zeros wherever it holds a finite value)."""
         k, v = self.k[il, :n_kv], self.v[il, :n_kv]
+        if on_device(k):
+            return movement().pad_rows(k, n_kv), movement().pad_rows(v, n_kv)
         if n_kv > self.n_ctx:
             pad = ((0, n_kv - self.n_ctx), (0, 0), (0, 0))
             k, v = np.pad(k, pad), np.pad(v, pad)
@@ -299,7 +368,11 @@ class KVCache:
 
     def copy(self) -> "KVCache":
         c = KVCache.__new__(KVCache)
-        c.k, c.v, c.n_past, c.n_ctx = self.k.copy(), self.v.copy(), self.n_past, self.n_ctx
+        if on_device(self.k):
+            c.k, c.v = movement().clone(self.k), movement().clone(self.v)
+        else:
+            c.k, c.v = self.k.copy(), self.v.copy()
+        c.n_past, c.n_ctx = self.n_past, self.n_ctx
         return c
 
 
@@ -314,11 +387,12 @@ def new_cache(model: LlamaModel, n_ctx: int | None = None, dtype=None) -> KVCach
 
 
 def _capture(capture) -> Callable[[str, np.ndarray], None]:
+    """A (name, array) callback; device arrays reach it as NumPy copies."""
     if capture is None:
         return lambda name, x: None
     if callable(capture):
-        return capture
-    return lambda name, x: capture.__setitem__(name, np.array(x, copy=True))
+        return lambda name, x: capture(name, to_host(x))
+    return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
 
 
 def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
@@ -397,29 +471,32 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     to f16 before the dot products, and products with >= 2 tokens follow llamafile's sgemm, see above).
     """
     T, H, D = q.shape
-    qh = np.ascontiguousarray(q.transpose(1, 0, 2))            # (H, T, D)    ne [D, T, H]
-    kh = np.ascontiguousarray(k.transpose(1, 0, 2))            # (Hkv, n_kv, D)
+    qh = permuted(q, (1, 0, 2))                                # (H, T, D)    ne [D, T, H]
+    kh = permuted(k, (1, 0, 2))                                # (Hkv, n_kv, D)
     kq = _attn_mul_mat(kh, qh)                                 # (H, T, n_kv) ne [n_kv, T, H]
     cap(f"kq-{il}", kq)
     kq = soft_max_ext(kq, mask, scale, 0.0)
     cap(f"kq_soft_max-{il}", kq)
-    vt = np.ascontiguousarray(v.transpose(1, 2, 0))           # (Hkv, D, n_kv)
+    vt = permuted(v, (1, 2, 0))                                # (Hkv, D, n_kv)
     kqv = _attn_mul_mat(vt, kq)                                # (H, T, D)
     cap(f"kqv-{il}", kqv)
-    out = np.ascontiguousarray(kqv.transpose(1, 0, 2)).reshape(T, H * D)
+    out = permuted(kqv, (1, 0, 2)).reshape(T, H * D)
     cap(f"kqv_out-{il}", out)
     return out
 
 
-def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap) -> np.ndarray:
-    """x (n_tokens, n_embd) -> (n_tokens, n_embd); this layer's K, V for pos.. go into the cache."""
+def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap, positions=None) -> np.ndarray:
+    """x (n_tokens, n_embd) -> (n_tokens, n_embd); this layer's K, V for pos.. go into the cache.
+    positions: pos .. pos+T-1 as int32 (forward passes them, on the device under the CUDA backend)."""
     T, D = x.shape[0], hp.head_dim
-    cur = mul(rms_norm(x, hp.rms_eps), w.attn_norm)
+    c = device_constant
+    cur = mul(rms_norm(x, hp.rms_eps), c(w.attn_norm))
     cap(f"attn_norm-{il}", cur)
     q, k, v = mul_mat(w.attn_q, cur), mul_mat(w.attn_k, cur), mul_mat(w.attn_v, cur)
     if w.bq is not None:
-        q, k, v = add(q, w.bq), add(k, w.bk), add(v, w.bv)
-    positions = np.arange(pos, pos + T, dtype=np.int32)
+        q, k, v = add(q, c(w.bq)), add(k, c(w.bk)), add(v, c(w.bv))
+    if positions is None:
+        positions = np.arange(pos, pos + T, dtype=np.int32)
     rope = lambda t: rope_ext(t, positions, None, n_dims=hp.n_rot, mode=hp.rope_mode,  # noqa: E731
                               n_ctx_orig=hp.n_ctx_train, freq_base=hp.rope_base, freq_scale=hp.rope_freq_scale)
     q = rope(q.reshape(T, hp.n_head, D))
@@ -435,7 +512,7 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     cap(f"attn_out-{il}", attn)
     ffn_inp = add(attn, x)
     cap(f"ffn_inp-{il}", ffn_inp)
-    cur = mul(rms_norm(ffn_inp, hp.rms_eps), w.ffn_norm)
+    cur = mul(rms_norm(ffn_inp, hp.rms_eps), c(w.ffn_norm))
     cap(f"ffn_norm-{il}", cur)
     cur = mul_mat(w.ffn_down, swiglu(mul_mat(w.ffn_gate, cur), mul_mat(w.ffn_up, cur)))
     cap(f"ffn_out-{il}", cur)
@@ -446,7 +523,8 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
 
 def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_only: bool = False) -> np.ndarray:
     """Run `tokens` (any number) after the cache's n_past tokens; returns logits (n_tokens, n_vocab) f32
-    (only the last row with last_only=True) and advances the cache."""
+    (only the last row with last_only=True) and advances the cache. Under the CUDA backend the logits are
+    the only activations copied back to the host."""
     hp = model.hparams
     tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
     if tokens.size == 0:
@@ -458,16 +536,19 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)
     mask = causal_mask(T, n_kv_cells(pos + T), pos)
+    positions = np.arange(pos, pos + T, dtype=np.int32)
+    if gpu_mode():                            # uploaded once per forward, not once per layer
+        mask, positions = to_device(mask), to_device(positions)
     for il, w in enumerate(model.layers):
-        x = layer(x, w, hp, cache, il, pos, mask, cap)
+        x = layer(x, w, hp, cache, il, pos, mask, cap, positions)
     cache.n_past = pos + T
     if last_only:
         x = x[-1:]
-    x = mul(rms_norm(x, hp.rms_eps), model.output_norm)
+    x = mul(rms_norm(x, hp.rms_eps), device_constant(model.output_norm))
     cap("result_norm", x)
     logits = mul_mat(model.output, x)
     cap("result_output", logits)
-    return logits
+    return to_host(logits)
 
 
 def format_chat(model: LlamaModel, messages: list[dict], add_generation_prompt: bool = True) -> str:

@@ -4,6 +4,7 @@
     logits, state = forward(model, tokens)             # logits (n_vocab,) f32 of the LAST token; a new RwkvState
     logits, state = forward(model, [t], state)         # continue; `state` itself is never modified
     fork = state.copy()                                # states are NumPy arrays only: copy, save, load
+                                                       # (device arrays under backend("cuda"): state.to_host())
 
 RWKV is a recurrent network: the state after a prompt replaces Llama's KV cache and has a fixed size
 (`RwkvState`, state.py). Processing tokens one at a time or as one sequence gives the same logits and state
@@ -43,7 +44,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...ops import add, mul, mul_mat, norm
+from ...ops import add, mul, norm
+from ...ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
+from ..llama import gpu_mode, to_host
 from .state import RwkvState
 
 __all__ = ["RwkvModel", "HParams", "RwkvState", "load", "forward", "new_state", "generate", "from_state_dict"]
@@ -113,11 +116,8 @@ def new_state(model: RwkvModel) -> RwkvState:
 
 
 def _capture(capture) -> Callable[[str, np.ndarray], None]:
-    if capture is None:
-        return lambda name, x: None
-    if callable(capture):
-        return capture
-    return lambda name, x: capture.__setitem__(name, np.array(x, copy=True))
+    from .v6 import capture_fn
+    return capture_fn(capture)
 
 
 def _check_state(model: RwkvModel, state: RwkvState) -> None:
@@ -140,7 +140,8 @@ def _module(version: int):
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """torch's LayerNorm over the last axis as ggml ops: norm(x, eps) * weight + bias (llama.cpp's LLM_NORM)."""
-    return add(mul(norm(x, eps), weight.reshape(-1)), bias.reshape(-1))
+    from .v6 import flat
+    return add(mul(norm(x, eps), flat(weight)), flat(bias))
 
 
 def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=None, all_logits: bool = False):
@@ -159,13 +160,15 @@ def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=No
     if state is None:
         state = new_state(model)
     _check_state(model, state)
+    if gpu_mode():                            # the state lives on the device from here on (uploaded once)
+        state = state.to_device()
     cap = _capture(capture)
     x, state = _module(model.version).forward_seq(model, tokens, state, cap)
     if not all_logits:
         x = x[-1:]
     x = layer_norm(x, model.w("ln_out.weight"), model.w("ln_out.bias"), hp.norm_eps)
     cap("result_norm", x)
-    logits = mul_mat(model.w("head.weight"), x)
+    logits = to_host(mul_mat(model.w("head.weight"), x))
     cap("result_output", logits)
     return (logits if all_logits else logits[0]), state
 

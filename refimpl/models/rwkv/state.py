@@ -12,6 +12,10 @@ Per layer (numpy shapes; ggml lists them reversed):
                                                     index, j = key index (rwkv_wkv7)
 
 All float32. A fresh state is zeros, except v4's pp which starts at -1e38 (minus "infinity").
+
+Under the CUDA backend `rwkv.forward` moves the state to the device (`to_device`) and returns one whose
+arrays are numba device arrays, so a decode loop never copies it; `to_host()` gives the NumPy state back
+(`save` and `==` do that themselves).
 """
 from __future__ import annotations
 
@@ -37,12 +41,28 @@ class RwkvState:
         return cls(version, np.zeros((n_layer, n_embd), np.float32), np.zeros((n_layer, n_embd), np.float32), wkv)
 
     def copy(self) -> "RwkvState":
+        if _on_device(self.wkv):
+            from ...kernels.cuda.movement import clone
+            return RwkvState(self.version, clone(self.shift_att), clone(self.shift_ffn), clone(self.wkv))
         return RwkvState(self.version, self.shift_att.copy(), self.shift_ffn.copy(), self.wkv.copy())
+
+    def to_device(self) -> "RwkvState":
+        """This state with device arrays (uploaded once; itself when already there)."""
+        if all(_on_device(a) for a in (self.shift_att, self.shift_ffn, self.wkv)):
+            return self
+        from ...kernels.cuda._device import to_device
+        return RwkvState(self.version, to_device(self.shift_att), to_device(self.shift_ffn), to_device(self.wkv))
+
+    def to_host(self) -> "RwkvState":
+        """This state with NumPy arrays (itself when already there)."""
+        if not any(_on_device(a) for a in (self.shift_att, self.shift_ffn, self.wkv)):
+            return self
+        return RwkvState(self.version, *(_host(a) for a in (self.shift_att, self.shift_ffn, self.wkv)))
 
     def save(self, path) -> None:
         """Write the state to an .npz file (no pickle)."""
-        np.savez(path, version=np.int32(self.version), shift_att=self.shift_att, shift_ffn=self.shift_ffn,
-                 wkv=self.wkv)
+        h = self.to_host()
+        np.savez(path, version=np.int32(self.version), shift_att=h.shift_att, shift_ffn=h.shift_ffn, wkv=h.wkv)
 
     @classmethod
     def load(cls, path) -> "RwkvState":
@@ -51,5 +71,14 @@ class RwkvState:
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, RwkvState) and self.version == other.version
-                and all(np.array_equal(getattr(self, k), getattr(other, k), equal_nan=True)
+                and all(np.array_equal(_host(getattr(self, k)), _host(getattr(other, k)), equal_nan=True)
                         for k in ("shift_att", "shift_ffn", "wkv")))
+
+
+def _on_device(x) -> bool:
+    """A numba.cuda device array (duck-typed: Numba is not imported for NumPy states)."""
+    return hasattr(x, "copy_to_host") and hasattr(x, "shape")
+
+
+def _host(x):
+    return x.copy_to_host() if _on_device(x) else x

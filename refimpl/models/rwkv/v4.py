@@ -31,15 +31,18 @@ It is kept stable by storing numerator and denominator scaled by e^{-pp} (aa, bb
 (ChatRWKV's "RWKV in 150 lines", the rwkv package and transformers' CPU path compute exactly this.) A fresh
 state has aa = bb = 0 and pp = -1e38, so that the first token's e1 is 0. This per-token recurrence is plain
 NumPy float32 (ggml has no element-wise maximum; rwkv.cpp builds the step from custom map ops); everything
-else goes through refimpl.ops.
+else goes through refimpl.ops. Under `refimpl.backend("cuda")` the other ops and the state stay on the device
+(see v6.py) and this recurrence runs on host copies of k, v and the layer's state.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...ops import add, exp, get_rows, mul, mul_mat, relu, scale, sigmoid, sqr
+from ...ops import add, concat, exp, get_rows, mul, mul_mat, relu, scale, sigmoid, sqr
+from ..llama import device_constant, gpu_mode, on_device, to_host
 from . import RwkvModel, layer_norm
 from .state import RwkvState
+from .v6 import derived, flat, put
 
 
 def wkv(w: np.ndarray, u: np.ndarray, k: np.ndarray, v: np.ndarray, aa: np.ndarray, bb: np.ndarray,
@@ -68,12 +71,17 @@ def wkv(w: np.ndarray, u: np.ndarray, k: np.ndarray, v: np.ndarray, aa: np.ndarr
 
 
 def _shift(xx: np.ndarray, prev: np.ndarray) -> np.ndarray:
-    """the previous token's row for every token: prev (n_embd,) then xx[:-1]"""
+    """the previous token's row for every token: prev (n_embd,) then xx[:-1] (device arrays: ggml_concat)"""
+    if on_device(xx) or on_device(prev):
+        return concat(prev.reshape(1, -1), xx[:-1], 1)
     return np.concatenate([prev[None, :], xx[:-1]], axis=0)
 
 
 def _mix(xx: np.ndarray, sx: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """xx*m + sx*(1 - m), m (1, 1, n_embd) as stored"""
+    """xx*m + sx*(1 - m), m (1, 1, n_embd) as stored (under the CUDA backend m and 1 - m made once)"""
+    if gpu_mode():
+        one_minus = device_constant(derived(m, "1-m", lambda: np.float32(1.0) - m.reshape(-1)))
+        return add(mul(xx, flat(m)), mul(sx, one_minus))
     m = m.reshape(-1)
     return add(mul(xx, m), mul(sx, np.float32(1.0) - m))
 
@@ -93,16 +101,18 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         xx = layer_norm(x, W(b + "ln1.weight"), W(b + "ln1.bias"), eps)
         cap(f"attn_norm-{il}", xx)
         sx = _shift(xx, state.shift_att[il])
-        new.shift_att[il] = xx[-1]
+        put(new.shift_att, il, xx[-1])
         r = sigmoid(mul_mat(W(a + "receptance.weight"), _mix(xx, sx, W(a + "time_mix_r"))))
         k = mul_mat(W(a + "key.weight"), _mix(xx, sx, W(a + "time_mix_k")))
         v = mul_mat(W(a + "value.weight"), _mix(xx, sx, W(a + "time_mix_v")))
         cap(f"r-{il}", r)
         cap(f"k-{il}", k)
         cap(f"v-{il}", v)
-        w = -exp(W(a + "time_decay").reshape(-1))
+        td = W(a + "time_decay")
+        w = derived(td, "-exp", lambda: -to_host(exp(td.reshape(-1))))
         u = W(a + "time_first").reshape(-1)
-        y, (new.wkv[il, 0], new.wkv[il, 1], new.wkv[il, 2]) = wkv(w, u, k, v, *state.wkv[il])
+        y, (aa, bb, pp) = wkv(w, u, to_host(k), to_host(v), *to_host(state.wkv[il]))   # on the host (see above)
+        put(new.wkv, il, np.stack([aa, bb, pp]))
         cap(f"wkv-{il}", y)
         att = mul_mat(W(a + "output.weight"), mul(r, y))
         cap(f"attn_out-{il}", att)
@@ -112,7 +122,7 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         xx = layer_norm(x, W(b + "ln2.weight"), W(b + "ln2.bias"), eps)
         cap(f"ffn_norm-{il}", xx)
         sx = _shift(xx, state.shift_ffn[il])
-        new.shift_ffn[il] = xx[-1]
+        put(new.shift_ffn, il, xx[-1])
         r = sigmoid(mul_mat(W(f + "receptance.weight"), _mix(xx, sx, W(f + "time_mix_r"))))
         k = sqr(relu(mul_mat(W(f + "key.weight"), _mix(xx, sx, W(f + "time_mix_k")))))
         out = mul(r, mul_mat(W(f + "value.weight"), k))

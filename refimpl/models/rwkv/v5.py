@@ -28,27 +28,30 @@ The WKV is ggml's rwkv_wkv6 (RWKV-6's op, as llama.cpp's RWKV-6 graph uses it) w
 every token: its td input is w broadcast over the tokens (RWKV-6 makes it data-dependent). Its formula is
 the one above term for term, state layout included. The per-head norm is ggml_norm on (n_tokens, n_head,
 head_size) rows with eps 64e-5 (as llama.cpp's RWKV-6 ln_x); RWKV-LM's GroupNorm(n_head) of y / 8 with eps
-1e-5 is the same normalisation.
+1e-5 is the same normalisation. Under `refimpl.backend("cuda")` activations and state stay on the device, the
+decay and bonus are computed once per layer (see v6.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ...ops import add, exp, get_rows, mul, mul_mat, norm, relu, rwkv_wkv6, scale, sigmoid, silu, sqr
+from ..llama import device_constant, to_host
 from . import RwkvModel, layer_norm
 from .state import RwkvState
 from .v4 import _mix, _shift
+from .v6 import broadcast, derived, put
 
 
 def decay_and_bonus(model: RwkvModel, il: int) -> tuple[np.ndarray, np.ndarray]:
     """(w, u) of block il as (n_head, head_size) f32: w = exp(-exp(time_decay)) in (0, 1), u the bonus."""
     hp, a = model.hparams, f"blocks.{il}.att."
     H, N = hp.n_head, hp.head_size
-    w = exp(-exp(model.w(a + "time_decay")))
+    w = to_host(exp(-to_host(exp(model.w(a + "time_decay")))))
     if a + "time_faaaa" in model.weights:
         u = model.w(a + "time_faaaa")
     else:
-        u = exp(model.w(a + "time_first"))
+        u = to_host(exp(model.w(a + "time_first")))
     expand = lambda t: np.ascontiguousarray(np.broadcast_to(t.reshape(H, -1), (H, N)), np.float32)  # noqa: E731
     return expand(w), expand(u)
 
@@ -69,7 +72,7 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         xx = layer_norm(x, W(b + "ln1.weight"), W(b + "ln1.bias"), eps)
         cap(f"attn_norm-{il}", xx)
         sx = _shift(xx, state.shift_att[il])
-        new.shift_att[il] = xx[-1]
+        put(new.shift_att, il, xx[-1])
         r = mul_mat(W(a + "receptance.weight"), _mix(xx, sx, W(a + "time_mix_r")))
         k = mul_mat(W(a + "key.weight"), _mix(xx, sx, W(a + "time_mix_k")))
         v = mul_mat(W(a + "value.weight"), _mix(xx, sx, W(a + "time_mix_v")))
@@ -79,14 +82,16 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         if gated:
             g = silu(mul_mat(W(a + "gate.weight"), _mix(xx, sx, W(a + "time_mix_g"))))
             cap(f"g-{il}", g)
-        w, u = decay_and_bonus(model, il)
-        td = np.ascontiguousarray(np.broadcast_to(w, (T, H, N)))
+        w, u = derived(W(a + "time_decay"), "decay_and_bonus", lambda: decay_and_bonus(model, il))
+        w, u = device_constant(w), device_constant(u)
+        td = broadcast(w, (T, H, N))
         out = rwkv_wkv6(k.reshape(T, H, N), v.reshape(T, H, N), r.reshape(T, H, N), u, td,
                         state.wkv[il].reshape(1, H * N * N))
         y = out[:T].reshape(T, H, N)
-        new.wkv[il] = out[T:].reshape(H, N, N)
+        put(new.wkv, il, out[T:].reshape(H, N, N))
         cap(f"wkv-{il}", y)
-        y = add(mul(norm(y, hp.ln_x_eps), W(a + "ln_x.weight").reshape(H, N)), W(a + "ln_x.bias").reshape(H, N))
+        hn = lambda t: device_constant(derived(t, "hn", lambda: t.reshape(H, N)))  # noqa: E731
+        y = add(mul(norm(y, hp.ln_x_eps), hn(W(a + "ln_x.weight"))), hn(W(a + "ln_x.bias")))
         y = y.reshape(T, H * N)
         cap(f"ln_x-{il}", y)
         if gated:
@@ -99,7 +104,7 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         xx = layer_norm(x, W(b + "ln2.weight"), W(b + "ln2.bias"), eps)
         cap(f"ffn_norm-{il}", xx)
         sx = _shift(xx, state.shift_ffn[il])
-        new.shift_ffn[il] = xx[-1]
+        put(new.shift_ffn, il, xx[-1])
         r = sigmoid(mul_mat(W(f + "receptance.weight"), _mix(xx, sx, W(f + "time_mix_r"))))
         kk = sqr(relu(mul_mat(W(f + "key.weight"), _mix(xx, sx, W(f + "time_mix_k")))))
         out = mul(r, mul_mat(W(f + "value.weight"), kk))

@@ -43,9 +43,15 @@ and `ffn_out-{il}` (channel mixing's).
 
 Hyper-parameters read from model.hparams: n_layer, n_embd, n_head, head_size, norm_eps (ln0/ln1/ln2, default
 1e-5), ln_x_eps (default 64e-5), rescale_every (default 0).
+
+Under `refimpl.backend("cuda")` (exact numerics) activations and the state are device arrays: what the graph
+derives from the weights (transposed LoRA factors, flattened vectors, stacked mixes) is computed once per
+weight (`derived`) and uploaded once; the token shift's concat, the permutation and the state writes run as
+CUDA kernels (refimpl/kernels/cuda/movement.py). The NumPy code path is unchanged.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -54,25 +60,79 @@ from ...ops import (add, concat, exp, get_rows, mul, neg, norm, relu, rwkv_wkv6,
                     sqr, sub, tanh)
 from ...ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
 from ...qtensor import QTensor, dequantize
+from ..llama import device_constant, gpu_mode, movement, on_device, permuted, to_host
 from .state import RwkvState
 
 GROUP_NORM_EPS = 64e-5        # ln_x: llama.cpp and BlinkDL both use 64e-5 (the head-wise group norm)
 LAYER_NORM_EPS = 1e-5         # ln0/ln1/ln2/ln_out when hparams carry none (BlinkDL's F.layer_norm default)
 
 
+# -- the CUDA backend: weights derived once, state writes on the device (shared with v4, v5, v7) ---------
+
+_DERIVED: dict[tuple, object] = {}
+
+
+def derived(sources, kind: str, fn: Callable):
+    """fn() for the weight(s) `sources`: under gpu_mode() computed once per (kind, source arrays) and kept,
+    so the kernels' weight cache (keyed by the host array) uploads it once; else computed on every call,
+    exactly as before. The entry is dropped when the first source is freed."""
+    if not gpu_mode():
+        return fn()
+    srcs = sources if isinstance(sources, tuple) else (sources,)
+    key = (kind,) + tuple(id(s) for s in srcs)
+    hit = _DERIVED.get(key)
+    if hit is None:
+        hit = _DERIVED[key] = fn()
+        try:
+            weakref.finalize(srcs[0], _DERIVED.pop, key, None)
+        except TypeError:             # a source without weak references: kept for the process
+            pass
+    return hit
+
+
+def put(dst, i, value) -> None:
+    """dst[i] = value; into a device array (the state under the CUDA backend) by a CUDA copy kernel."""
+    if on_device(dst):
+        movement().assign(dst[i], value)
+    else:
+        dst[i] = to_host(value)
+
+
+def broadcast(x, shape):
+    """np.ascontiguousarray(np.broadcast_to(x, shape)); a device array is broadcast by a CUDA kernel."""
+    if on_device(x):
+        return movement().broadcast(x, shape)
+    return np.ascontiguousarray(np.broadcast_to(x, shape))
+
+
 # -- helpers shared with v7 -----------------------------------------------------------------------------
 
 def capture_fn(capture) -> Callable[[str, np.ndarray], None]:
-    """A `(name, array)` callback from `capture` (None, a dict, or a callable)."""
+    """A `(name, array)` callback from `capture` (None, a dict, or a callable); device arrays reach it as
+    NumPy copies."""
     if capture is None:
         return lambda name, x: None
     if callable(capture):
-        return capture
-    return lambda name, x: capture.__setitem__(name, np.array(x, copy=True))
+        return lambda name, x: capture(name, to_host(x))
+    return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
 
 
 def vec(x) -> np.ndarray:
-    """A stored vector ((1, 1, n) or (n,), any float type or a QTensor) as a flat f32 array (n,)."""
+    """A stored vector ((1, 1, n) or (n,), any float type or a QTensor) as a flat f32 array (n,); under
+    gpu_mode() its device copy, made once."""
+    if gpu_mode():
+        return device_constant(derived(x, "vec", lambda: _vec(x)))
+    return _vec(x)
+
+
+def flat(x):
+    """x.reshape(-1) of a stored f32 vector; under gpu_mode() its device copy, made once."""
+    if gpu_mode():
+        return device_constant(derived(x, "flat", lambda: x.reshape(-1)))
+    return x.reshape(-1)
+
+
+def _vec(x) -> np.ndarray:
     if isinstance(x, QTensor):
         x = dequantize(x)
     return np.asarray(x, dtype=np.float32).reshape(-1)
@@ -83,12 +143,17 @@ def mat(x):
     GGUF weights stay quantized), any other float type (bf16 from a .pth) converted to f32."""
     if isinstance(x, QTensor) or np.asarray(x).dtype in (np.float32, np.float16):
         return x
-    return np.asarray(x, dtype=np.float32)
+    return derived(x, "mat", lambda: np.asarray(x, dtype=np.float32))
 
 
 def lora_t(x) -> np.ndarray:
     """A BlinkDL LoRA factor stored (n_in, n_out) as the mul_mat weight (n_out, n_in) (ne [n_in, n_out]):
-    transposed, contiguous; f16 stays f16 (a transpose is exact), QTensors are dequantized first."""
+    transposed, contiguous; f16 stays f16 (a transpose is exact), QTensors are dequantized first. Under
+    gpu_mode() made once per weight (`derived`)."""
+    return derived(x, "lora_t", lambda: _lora_t(x))
+
+
+def _lora_t(x) -> np.ndarray:
     if isinstance(x, QTensor):
         x = dequantize(x)
     x = np.asarray(x)
@@ -105,7 +170,8 @@ def layer_norm(x: np.ndarray, w, b, eps: float) -> np.ndarray:
 def token_shift(xn: np.ndarray, last: np.ndarray) -> np.ndarray:
     """sx = x_prev - xn with x_prev = [last, xn[:-1]] (ggml_concat along the token dim, then ggml_sub).
     xn (n_tokens, n_embd), last (n_embd,) -> (n_tokens, n_embd)."""
-    x_prev = concat(last.reshape(1, -1).astype(np.float32), xn[:-1], 1)
+    last = last.reshape(1, -1)
+    x_prev = concat(last if on_device(last) else last.astype(np.float32), xn[:-1], 1)   # the state is f32
     return sub(x_prev, xn)
 
 
@@ -161,10 +227,12 @@ def time_mix(x: np.ndarray, sx: np.ndarray, w: dict, p: str, n_head: int, head_s
     w1 = lora_t(w[p + "time_maa_w1"])                                   # (5*D_MIX, n_embd)  ne [n_embd, 5*D]
     d_mix = w1.shape[0] // 5
     xxx = tanh(mul_mat(w1, xxx)).reshape(T, 5, 1, d_mix)                # ne [D, 1, 5, T]
-    xxx = np.ascontiguousarray(xxx.transpose(1, 0, 2, 3))               # (5, T, 1, D) ggml_permute(0, 1, 3, 2)
-    w2 = lora_t(w[p + "time_maa_w2"]).reshape(5, 1, C, d_mix)           # ne [D, n_embd, 1, 5]
+    xxx = permuted(xxx, (1, 0, 2, 3))                                   # (5, T, 1, D) ggml_permute(0, 1, 3, 2)
+    w2 = derived(w[p + "time_maa_w2"], "maa_w2",                        # ne [D, n_embd, 1, 5]
+                 lambda: lora_t(w[p + "time_maa_w2"]).reshape(5, 1, C, d_mix))
     xxx = mul_mat(w2, xxx)                                              # (5, T, 1, n_embd)
-    lerp = np.stack([vec(w[p + f"time_maa_{c}"]) for c in "wkvrg"]).reshape(5, 1, 1, C)  # time_mix_lerp_fused
+    maa = tuple(w[p + f"time_maa_{c}"] for c in "wkvrg")
+    lerp = device_constant(derived(maa, "lerp", lambda: np.stack([_vec(m) for m in maa]).reshape(5, 1, 1, C)))
     xxx = add(mul(add(xxx, lerp), sx.reshape(T, 1, C)), x.reshape(T, 1, C))
     xw, xk, xv, xr, xg = (xxx[i].reshape(T, C) for i in range(5))
 
@@ -226,9 +294,9 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
         xn = layer_norm(x, w[b + "ln1.weight"], w[b + "ln1.bias"], eps)
         cap(f"attn_norm-{il}", xn)
         sx = token_shift(xn, state.shift_att[il])
-        att, state.wkv[il] = time_mix(xn, sx, w, b + "att.", n_head, head_size, state.wkv[il], cap, il,
-                                      ln_x_eps)
-        state.shift_att[il] = xn[-1]
+        att, wkv = time_mix(xn, sx, w, b + "att.", n_head, head_size, state.wkv[il], cap, il, ln_x_eps)
+        put(state.wkv, il, wkv)
+        put(state.shift_att, il, xn[-1])
         x = add(att, x)
         cap(f"ffn_inp-{il}", x)
         xn = layer_norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], eps)
@@ -236,7 +304,7 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
         sx = token_shift(xn, state.shift_ffn[il])
         ffn = channel_mix(xn, sx, w, b + "ffn.")
         cap(f"ffn_out-{il}", ffn)
-        state.shift_ffn[il] = xn[-1]
+        put(state.shift_ffn, il, xn[-1])
         x = add(ffn, x)
         if rescale > 0 and (il + 1) % rescale == 0:
             x = scale(x, 0.5)

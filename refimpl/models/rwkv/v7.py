@@ -41,6 +41,7 @@ and `ffn_out-{il}`.
 
 Hyper-parameters read from model.hparams: n_layer, n_embd, n_head, head_size, norm_eps (default 1e-5),
 ln_x_eps (default 64e-5). A checkpoint without att.g1/g2 runs ungated (llama.cpp's has_gating).
+Under `refimpl.backend("cuda")` activations and state stay on the device, as for RWKV-6 (v6.py).
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ import numpy as np
 from ...ops import (add, exp, l2_norm, mul, neg, relu, rwkv_wkv7, scale, sigmoid, sqr, sub, sum_rows, tanh)
 from ...ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
 from .state import RwkvState
-from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, capture_fn, check_tokens, dims, embed, group_norm_heads, hparam,
-                 layer_norm, lora_t, mat, token_shift, vec)
+from ..llama import device_constant
+from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, _vec, broadcast, capture_fn, check_tokens, derived, dims, embed,
+                 group_norm_heads, hparam, layer_norm, lora_t, mat, put, token_shift, vec)
 
 DECAY_SCALE = -0.606531       # -exp(-0.5), as llama.cpp writes it
 KK_EPS = 1e-12                # l2_norm eps of kk (F.normalize's default)
@@ -73,8 +75,9 @@ def time_mix(x: np.ndarray, sx: np.ndarray, w: dict, p: str, n_head: int, head_s
     gated = p + "g1" in w
     names = "rwkvag" if gated else "rwkva"
     n = len(names)
-    lerp = np.stack([vec(w[p + f"x_{c}"]) for c in names]).reshape(n, 1, 1, C)   # time_mix_lerp_fused
-    sx_rep = np.ascontiguousarray(np.broadcast_to(sx.reshape(1, 1, T, C), (n, 1, T, C)))   # ggml_repeat
+    lerps = tuple(w[p + f"x_{c}"] for c in names)
+    lerp = device_constant(derived(lerps, "lerp", lambda: np.stack([_vec(m) for m in lerps]).reshape(n, 1, 1, C)))
+    sx_rep = broadcast(sx.reshape(1, 1, T, C), (n, 1, T, C))                     # ggml_repeat
     xxx = add(mul(sx_rep, lerp), x)                                              # (n, 1, T, n_embd)
     xr, xw, xk, xv, xa = (xxx[i, 0] for i in range(5))
 
@@ -142,9 +145,10 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
         xn = layer_norm(x, w[b + "ln1.weight"], w[b + "ln1.bias"], eps)
         cap(f"attn_norm-{il}", xn)
         sx = token_shift(xn, state.shift_att[il])
-        att, state.wkv[il], v_first = time_mix(xn, sx, w, b + "att.", n_head, head_size, state.wkv[il],
-                                               v_first, cap, il, ln_x_eps)
-        state.shift_att[il] = xn[-1]
+        att, wkv, v_first = time_mix(xn, sx, w, b + "att.", n_head, head_size, state.wkv[il], v_first, cap, il,
+                                     ln_x_eps)
+        put(state.wkv, il, wkv)
+        put(state.shift_att, il, xn[-1])
         x = add(att, x)
         cap(f"ffn_inp-{il}", x)
         xn = layer_norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], eps)
@@ -152,7 +156,7 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
         sx = token_shift(xn, state.shift_ffn[il])
         ffn = channel_mix(xn, sx, w, b + "ffn.")
         cap(f"ffn_out-{il}", ffn)
-        state.shift_ffn[il] = xn[-1]
+        put(state.shift_ffn, il, xn[-1])
         x = add(ffn, x)
         cap(f"l_out-{il}", x)
     return x, state
