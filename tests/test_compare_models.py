@@ -120,8 +120,8 @@ def test_compare_bert_q8_0_ggml_mode_identical(tiny_bert, build_ok):
 # -- RWKV-6 --------------------------------------------------------------------------------------------
 
 def test_compare_rwkv6_ggml_mode_within_budget(tiny_rwkv6, build_ok):
-    """numerics="ggml", F32: every tensor llama.cpp's rwkv6 graph names, within budget; the layer norms before
-    the first time mixing are identical bits."""
+    """numerics="ggml", F32: every tensor llama.cpp's rwkv6 graph names is identical bits (glibc's tanhf/expf,
+    the tinyBLAS head and the layer norms all emulated)."""
     path, tokens = tiny_rwkv6
     rows = compare(path, tokens=tokens, numerics="ggml")
     assert first_over(rows) is None, format_table(rows)
@@ -130,7 +130,7 @@ def test_compare_rwkv6_ggml_mode_within_budget(tiny_rwkv6, build_ok):
     for n in ("attn_norm-0", "ffn_inp-0", "ffn_norm-1", "l_out-1", "result_norm", "result_output"):
         assert n in names, n
     assert _row(rows, "logits").shape == (32, 128)
-    assert _row(rows, "inp_embd").nmse == _row(rows, "attn_norm-0").nmse == 0.0
+    assert max(r.nmse for r in rows) == 0.0 and max(r.max_abs for r in rows) == 0.0, format_table(rows)
 
 
 def test_compare_rwkv6_exact_mode_within_budget(tiny_rwkv6, build_ok):

@@ -167,3 +167,16 @@ def test_q8_0_in_ggml_numerics_is_llama_cpp_bit_for_bit(ggufs, golden):
     with refimpl.numerics("ggml"):
         emb = bert.embed_ids(bert.load(ggufs["q8_0"]), ids, normalize=False)
     assert np.array_equal(emb.view(np.uint32), golden["lc_q8_0_emb"][:3].view(np.uint32))
+
+
+@pytest.mark.parametrize("t", ["f32", "f16"])
+def test_float_ggufs_in_ggml_numerics_are_llama_cpp_bit_for_bit(ggufs, golden, t):
+    """F32 / F16 weights under numerics="ggml": llamafile's tinyBLAS order where llama.cpp takes it (weights with
+    a multiple of 4 rows and a contiguous src1), vec_dot where it does not (BERT's permuted Q for kq), glibc's
+    expf in the softmax: llama.cpp's pooled embeddings bit for bit. One text per batch, as llama.cpp decodes them
+    (a padded batch changes the tinyBLAS tiles)."""
+    import refimpl
+    ids = ragged(golden, f"lc_{t}")[:3]
+    with refimpl.numerics("ggml"):
+        emb = bert.embed_ids(bert.load(ggufs[t]), ids, normalize=False, batch_size=1)
+    assert np.array_equal(emb.view(np.uint32), golden[f"lc_{t}_emb"][:3].view(np.uint32))

@@ -91,8 +91,8 @@ def test_logits_match_llama_cpp(case, tmpdir_module, record_property):
 
 @pytest.mark.parametrize("case", LLAMA_CASES, ids=[f"{n}-{v}" for _, n, v in LLAMA_CASES])
 def test_logits_match_llama_cpp_ggml_numerics(case, tmpdir_module, record_property):
-    """numerics="ggml" (activations converted to the weights' vec_dot type as ggml-cpu does): quantized models
-    then agree with llama.cpp to f32 rounding."""
+    """numerics="ggml": every model and weight type gives llama.cpp's logits bit for bit (activations converted to
+    the weights' vec_dot type, glibc's tanhf/expf, wkv7's FMA lanes and tinyBLAS for the head, as ggml-cpu)."""
     version, name, variant = case
     z = LLAMA[version][0]
     model = _gguf_model(version, name, variant, tmpdir_module)
@@ -102,7 +102,11 @@ def test_logits_match_llama_cpp_ggml_numerics(case, tmpdir_module, record_proper
     e = nmse(ours, ref)
     record_property("nmse", e)
     t = tol("rwkv.forward", _wtype(variant), "llama.cpp-ggml")
-    assert e <= t.nmse, f"{name} {variant}: NMSE {e:.2e} > {t.nmse:.0e} (max |d| {np.max(np.abs(ours - ref)):.3g})"
+    if t.exact:
+        assert np.array_equal(ours.view(np.uint32), np.asarray(ref, np.float32).view(np.uint32)), \
+            f"{name} {variant}: not llama.cpp's bits (NMSE {e:.2e}, max |d| {np.max(np.abs(ours - ref)):.3g})"
+    else:
+        assert e <= t.nmse, f"{name} {variant}: NMSE {e:.2e} > {t.nmse:.0e} (max |d| {np.max(np.abs(ours - ref)):.3g})"
 
 
 @pytest.mark.parametrize("version", [6, 7])
