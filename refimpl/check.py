@@ -11,6 +11,8 @@ The pairs (each over the same token ids; every row's shape is that of the logits
     cache            the prefix prefilled, the cache forked (KVCache.copy) and the rest decoded on the
                      fork, vs the whole sequence recomputed from an empty cache (the rest's positions)
     numba            the numba backend vs the NumPy one, one prefill (skipped unless numba imports)
+    cuda             the CUDA backend vs the NumPy one, one prefill (skipped unless numba.cuda finds a GPU,
+                     or NUMBA_ENABLE_CUDASIM=1 selects numba's simulator)
     exact-ggml       numerics="exact" vs numerics="ggml", one prefill
 
 The first four run in the `numerics` mode asked for (default exact: identities that hold to f64 summation
@@ -27,7 +29,7 @@ import numpy as np
 
 from .compare import Row, _row, format_table, weight_type
 
-PAIRS = ("token-by-token", "chunked", "cache", "numba", "exact-ggml")
+PAIRS = ("token-by-token", "chunked", "cache", "numba", "cuda", "exact-ggml")
 DEFAULT_PROMPT = "The capital of France is"
 
 
@@ -64,6 +66,14 @@ def _numba_available() -> bool:
     return True
 
 
+def _cuda_available() -> bool:
+    """numba.cuda finds a GPU (or NUMBA_ENABLE_CUDASIM=1 selects the simulator)."""
+    if not _numba_available():
+        return False
+    from numba import cuda
+    return bool(cuda.is_available())
+
+
 def _pair(model, tokens, pair: str, numerics: str, full: np.ndarray | None):
     """(ours, reference, note) for one pair; reference is the one-shot prefill where the pair needs it."""
     from .models import llama
@@ -92,6 +102,10 @@ def _pair(model, tokens, pair: str, numerics: str, full: np.ndarray | None):
         if not _numba_available():
             return None, None, "numba does not import: skipped"
         return _prefill(model, tokens, "exact", "numba"), _prefill(model, tokens, "exact", "numpy"), "exact mode"
+    if pair == "cuda":
+        if not _cuda_available():
+            return None, None, "numba.cuda finds no GPU: skipped"
+        return _prefill(model, tokens, "exact", "cuda"), _prefill(model, tokens, "exact", "numpy"), "exact mode"
     if pair == "exact-ggml":
         return _prefill(model, tokens, "exact"), _prefill(model, tokens, "ggml"), "exact vs ggml, one prefill"
     raise ValueError(f"unknown check {pair!r}; one of {PAIRS}")
@@ -111,7 +125,7 @@ def check(model_path, prompt: str | None = None, *, tokens=None, numerics: str =
     for pair in pairs:
         if pair in ("token-by-token", "chunked", "cache") and full is None:
             full = _prefill(model, tokens, numerics)
-        mode = "exact" if pair in ("numba",) else numerics
+        mode = "exact" if pair in ("numba", "cuda") else numerics
         bud = _budget(pair, wtype, "ggml" if pair == "exact-ggml" else mode)
         ours, ref, note = _pair(model, tokens, pair, numerics, full)
         if ours is None:

@@ -7,7 +7,27 @@ bash scripts/setup.sh test,tokenizers,numba,notebooks,docs || exit 1
 .venv/bin/refimpl fetch smollm2 >/dev/null || exit 1
 .venv/bin/refimpl fetch minilm >/dev/null || exit 1
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-.venv/bin/python -m pytest "$@"
+if [ "$#" -gt 0 ]; then
+  .venv/bin/python -m pytest "$@"
+  rc=$?
+  if [ "$rc" -eq 5 ]; then echo "no tests were collected: failing" >&2; exit 1; fi
+  exit "$rc"
+fi
+# The whole suite. tests/cuda runs in numba's CUDA simulator (one Python thread per CUDA thread: GIL-bound,
+# one core) in a second pytest process beside the rest, so both cores work; its log follows the main one.
+cuda_log="$(mktemp)"
+.venv/bin/python -m pytest -p no:cacheprovider tests/cuda >"$cuda_log" 2>&1 &
+cuda_pid=$!
+.venv/bin/python -m pytest --ignore=tests/cuda
 rc=$?
-if [ "$rc" -eq 5 ]; then echo "no tests were collected: failing" >&2; exit 1; fi
-exit "$rc"
+wait "$cuda_pid"
+cuda_rc=$?
+echo
+echo "================ tests/cuda (CUDA kernels in numba's simulator, run beside the rest) ================"
+cat "$cuda_log"
+rm -f "$cuda_log"
+for r in "$rc" "$cuda_rc"; do
+  if [ "$r" -eq 5 ]; then echo "no tests were collected: failing" >&2; exit 1; fi
+done
+if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+exit "$cuda_rc"

@@ -21,6 +21,7 @@ from refimpl.convert import convert
 from refimpl.convert import rwkv as rwkv_convert
 from refimpl.ops.faithful import OPS
 from refimpl.ops.faithful.llamafile import takes_sgemm
+from refimpl.requantize import requantize
 from refimpl.testing.cases import named_cases
 from refimpl.testing.tolerances import tol
 
@@ -50,7 +51,10 @@ def tiny_bert(tmp_path_factory):
     """type -> a tiny random BERT GGUF (4 heads of 16, 2 layers, mean pooling)."""
     d = tmp_path_factory.mktemp("bert")
     hf = write_tiny_bert_hf(d / "hf")
-    return {t: convert(hf, d / f"tiny-{t}.gguf", t) for t in ("f32", "q8_0")}
+    out = {t: convert(hf, d / f"tiny-{t}.gguf", t) for t in ("f32", "f16", "q8_0")}
+    requantize(out["f32"], d / "tiny-q4_0.gguf", "q4_0")        # (the converter, like llama.cpp's, has no q4_0)
+    out["q4_0"] = d / "tiny-q4_0.gguf"
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +114,14 @@ def test_compare_bert_exact_mode_within_budget(tiny_bert, build_ok):
     assert rows[-1].nmse > 0
 
 
-def test_compare_bert_q8_0_ggml_mode_identical(tiny_bert, build_ok):
-    """Q8_0 weights: the budget is identical bits (activations rounded to Q8_0 as ggml-cpu does)."""
-    rows = compare(tiny_bert["q8_0"], BERT_TEXT, numerics="ggml")
-    assert rows[-1].budget == 0.0
+@pytest.mark.parametrize("t", ["f16", "q8_0", "q4_0"])
+def test_compare_bert_other_types_ggml_mode_identical(tiny_bert, build_ok, t):
+    """F16 weights (f16 activations, tinyBLAS where llama.cpp takes it) and Q8_0 / Q4_0 weights (activations
+    rounded to Q8_0 as ggml-cpu does, integer dots): every row identical bits; exact mode is not."""
+    rows = compare(tiny_bert[t], BERT_TEXT, numerics="ggml")
     assert first_over(rows) is None, format_table(rows)
+    assert max(r.nmse for r in rows) == 0.0, format_table(rows)
+    assert compare(tiny_bert[t], BERT_TEXT, numerics="exact")[-1].nmse > 0
 
 
 # -- RWKV-6 --------------------------------------------------------------------------------------------
