@@ -555,8 +555,9 @@ def _add_model_options(s):
     s.add_argument("--backend", choices=["numpy", "numba", "cuda"], default=None,
                    help="op implementations (default: numba when installed, else numpy; or $REFIMPL_BACKEND)")
     s.add_argument("--threads", type=int, default=None, help="threads for the numba kernels")
-    s.add_argument("--numerics", choices=["exact", "ggml"], default=None,
-                   help="exact (f32/f64, the default) or ggml (the CPU backend's roundings, where implemented)")
+    s.add_argument("--numerics", choices=["exact", "ggml", "fast"], default=None,
+                   help="exact (f32/f64, the default), ggml (the CPU backend's roundings, where implemented) or "
+                        "fast (exact, but mul_mat sums in f32 in the fastest order)")
     s.add_argument("--seed", type=int, default=None,
                    help="random seed (of the sampler in generate / chat; unused by deterministic commands)")
 

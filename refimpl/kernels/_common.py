@@ -243,10 +243,20 @@ _POOL = None
 _PREFIX = "refimpl-kernels"
 
 
+_get_num_threads = None
+
+
 def n_threads() -> int:
-    """Threads the kernels use: Numba's setting (NUMBA_NUM_THREADS, `numba.set_num_threads`)."""
-    import numba
-    return max(1, numba.get_num_threads())
+    """Threads the kernels use: Numba's setting (NUMBA_NUM_THREADS, `numba.set_num_threads`). After the
+    first call, Numba's own getter without its launch check (~4 us a call otherwise, hundreds per token)."""
+    global _get_num_threads
+    if _get_num_threads is None:
+        import numba
+        from numba.np.ufunc import parallel
+        n = numba.get_num_threads()                  # launches the threading layer once
+        _get_num_threads = parallel._get_num_threads
+        return max(1, n)
+    return max(1, _get_num_threads())
 
 
 def parallel_ranges(work, n: int, min_items: int) -> None:

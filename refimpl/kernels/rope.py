@@ -13,6 +13,7 @@ reference would reject run the NumPy reference.
 """
 from __future__ import annotations
 
+
 import numpy as np
 from numba import njit
 
@@ -85,11 +86,23 @@ def _covered(x, pos, freq_factors, n_dims, mode) -> bool:
     return True
 
 
-def rope(x, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
-         beta_fast, beta_slow, sin_sign):
-    """rope_ext (sin_sign 1) / rope_ext_back (sin_sign -1) of a covered input (see `_covered`)."""
-    n = ne4(x.shape)
-    n_dims = int(n_dims)
+_CONSTANTS: dict = {}
+
+
+def _constants(*args):
+    """_compute_constants(*args), remembered by the arguments' f64 bits (so -0.0 and 0.0, or NaNs, are
+    never confused): the same for every call of a model (~40 us of NumPy scalar work each)."""
+    key = tuple(np.float64(a).tobytes() for a in args)
+    c = _CONSTANTS.get(key)
+    if c is None:
+        if len(_CONSTANTS) >= 256:
+            _CONSTANTS.clear()
+        c = _CONSTANTS[key] = _compute_constants(*args)
+    return c
+
+
+def _compute_constants(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
+    """The per-call scalars of rope (theta_scale, YaRN's corr dims, mscale), as the reference computes them."""
     theta_scale = F32(ref_rope._libm(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
     lo, hi = ref_rope.yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     fs, ext = F32(freq_scale), F32(ext_factor)
@@ -97,6 +110,16 @@ def rope(x, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, 
     if ext != 0:
         inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(ref_rope._libm(np.log, F32(1.0) / fs))
         mscale = F32(mscale * F32(inner))
+    return theta_scale, lo, hi, fs, ext, mscale
+
+
+def rope(x, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+         beta_fast, beta_slow, sin_sign):
+    """rope_ext (sin_sign 1) / rope_ext_back (sin_sign -1) of a covered input (see `_covered`)."""
+    n = ne4(x.shape)
+    n_dims = int(n_dims)
+    theta_scale, lo, hi, fs, ext, mscale = _constants(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                                                      attn_factor, beta_fast, beta_slow)
     x4 = np.ascontiguousarray(x.reshape(n[::-1]), np.float32)
     ff = (np.zeros(1, np.float32) if freq_factors is None
           else np.ascontiguousarray(freq_factors, np.float32).reshape(-1))

@@ -13,7 +13,8 @@ modules are imported on the first op call under it (`refimpl.kernels.load`), so 
 imports Numba. Functions that are not ops (the block dequantizers and quantizers) get kernels with
 `@implements(reference_fn, backend="numba")`; their caller asks `kernel_for(reference_fn)`.
 Numerics: `with refimpl.numerics("ggml"):` or `numerics=` on ops that accept it; `current_numerics()`
-tells an op which mode is active.
+tells an op which mode is active. Kernels serve "exact" and "fast" (an op given `numerics=` runs its kernel
+with that mode current); "ggml" runs the NumPy emulation.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from typing import Callable
 from ._shapes import GGMLShapeError
 
 BACKENDS = ("numpy", "numba", "cuda")
-NUMERICS = ("exact", "ggml")
+NUMERICS = ("exact", "ggml", "fast")
 
 
 def _default_backend() -> str:
@@ -91,8 +92,15 @@ def op(name: str, covers: str | tuple[str, ...] | None = None):
                         _load(b)
                     k = info.kernels.get(b)
                     if k is not None:
-                        if "numerics" in kwargs:        # kernels compute exact mode, the only one left here
+                        if "numerics" in kwargs:        # the kernel reads the mode from the context
+                            mode = kwargs["numerics"]
                             kwargs = {n: v for n, v in kwargs.items() if n != "numerics"}
+                            if mode is not None and mode != _numerics.get():
+                                tok = _numerics.set(mode)
+                                try:
+                                    return k(*args, **kwargs)
+                                finally:
+                                    _numerics.reset(tok)
                         return k(*args, **kwargs)
                     if b == "cuda":      # no CUDA kernel: the reference on host copies of device arrays
                         args, kwargs = _host_args(args), dict(zip(kwargs, _host_args(kwargs.values())))
@@ -169,7 +177,10 @@ def backend(name: str):
 @contextlib.contextmanager
 def numerics(mode: str):
     """"exact" (default): the math ggml defines, f32 with f64 where ggml accumulates in f64.
-    "ggml": reproduce the CPU backend's roundings (where an op implements them)."""
+    "ggml": reproduce the CPU backend's roundings (where an op implements them).
+    "fast": as "exact", except that dot products (mul_mat, mul_mat_id) sum in f32 in whatever order is
+    fastest (BLAS sgemm on f32 tiles of the exactly dequantized weights; fused f32 decode-dot kernels):
+    each output within the f32 summation bound gamma_k * sum|a*b| of the exact value."""
     if mode not in NUMERICS:
         raise ValueError(f"unknown numerics mode {mode!r}; one of {NUMERICS}")
     tok = _numerics.set(mode)

@@ -33,12 +33,16 @@ FLOAT_TYPES = ("f32", "f16", "bf16")
 
 # -- operand types and layouts ---------------------------------------------------------------------
 
+_DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int32): "i32",
+                np.dtype(np.int64): "i64", np.dtype(np.float64): "f64"}
+
+
 def _tname(x) -> str:
     """The ggml type name of an ndarray or QTensor: "f32", "f16", "bf16", "i32", "q4_0", ..."""
     if isinstance(x, QTensor):
         return x.traits.name.lower()
-    return {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int32): "i32",
-            np.dtype(np.int64): "i64", np.dtype(np.float64): "f64"}.get(np.asarray(x).dtype, str(np.asarray(x).dtype))
+    dt = x.dtype if isinstance(x, np.ndarray) else np.asarray(x).dtype
+    return _DTYPE_NAMES.get(dt) or str(dt)
 
 
 def _load(name: str, x, types=FLOAT_TYPES, what: str = "a") -> tuple[np.ndarray, str]:
@@ -153,9 +157,16 @@ def _fma(a, b, c) -> np.ndarray:
 
 # ggml-cpu's binary_op (binary-ops.cpp): (src0, src1) type pairs; the result has src0's type.
 _BINARY_TYPES = {"f32": ("f32",), "f16": ("f16", "f32"), "bf16": ("bf16", "f32")}
+_F32 = np.dtype(np.float32)
 
 
 def _binary(name, a, b, fn):
+    if (type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == _F32 and b.dtype == _F32
+            and a.flags.c_contiguous and a.ndim >= b.ndim and a.shape[a.ndim - b.ndim:] == b.shape):
+        # the models' case (x + y, x * norm weight): b repeats over a's leading dims, which is NumPy's
+        # broadcast too; one f32 operation per element, as below
+        with np.errstate(all="ignore"):
+            return fn(a, b)
     x, ta = _load(name, a, tuple(_BINARY_TYPES))
     tb = _tname(b)
     if tb not in _BINARY_TYPES[ta]:

@@ -70,13 +70,18 @@ def _transposed(x) -> bool:
     return x.shape[-1] > 1 and x.shape[-2] > 1 and x.strides[-1] > x.strides[-2]
 
 
-def _rows_f64(x, lo: int, hi: int) -> np.ndarray:
-    """Rows lo:hi of a 2-D weight (ndarray or QTensor), exactly, as f64."""
-    return (dequantize(x[lo:hi]) if isinstance(x, QTensor) else np.asarray(x[lo:hi])).astype(np.float64)
+def _rows_f64(x, lo: int, hi: int, dtype=np.float64) -> np.ndarray:
+    """Rows lo:hi of a 2-D weight (ndarray or QTensor), exactly, as f64 (or dtype: f32 is exact too)."""
+    return (dequantize(x[lo:hi]) if isinstance(x, QTensor) else np.asarray(x[lo:hi])).astype(dtype, copy=False)
 
 
-def _activations_f64(b) -> np.ndarray:
-    return (dequantize(b) if isinstance(b, QTensor) else np.asarray(b)).astype(np.float64)
+def _activations_f64(b, dtype=np.float64) -> np.ndarray:
+    return (dequantize(b) if isinstance(b, QTensor) else np.asarray(b)).astype(dtype, copy=False)
+
+
+def _sum_dtype(mode: str):
+    """The dtype the products of mul_mat / mul_mat_id are summed in: f64 (exact), f32 (fast: BLAS sgemm)."""
+    return np.float32 if mode == "fast" else np.float64
 
 
 def _check_b(name: str, a, b, ta: GGMLType) -> None:
@@ -122,7 +127,8 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     Rows of a and b must be contiguous and a not transposed (ggml asserts both); b's other dims may be views.
 
     Exact mode: weights dequantized exactly (TILE_ROWS rows at a time, never the whole matrix), products
-    summed in f64, rounded once to f32. ggml-cpu first converts f32 b to the vec_dot_type (measured NMSE vs
+    summed in f64, rounded once to f32. Fast mode: the same exactly dequantized f32 tiles, summed in f32 by
+    BLAS (sgemm), each output within gamma_k * sum_k |a*b| of the exact one. ggml-cpu first converts f32 b to the vec_dot_type (measured NMSE vs
     exact: f16 ~5e-8, bf16 ~4e-6, Q8_0/Q8_1/Q8_K blocks 1-4e-5; see the tolerance table); numerics="ggml"
     is the hook for that emulation (FAITHFUL).
     """
@@ -140,14 +146,15 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
             raise ValueError(f"mul_mat: numerics='ggml' is not available for {key} weights; use 'exact'")
         return FAITHFUL[key](a, b)
     a4 = a.reshape(na[::-1]) if isinstance(a, QTensor) else np.asarray(a).reshape(na[::-1])
-    b4 = _activations_f64(b).reshape(nb[::-1])
+    dt = _sum_dtype(mode)
+    b4 = _activations_f64(b, dt).reshape(nb[::-1])
     r2, r3 = nb[2] // na[2], nb[3] // na[3]
     out = np.empty((nb[3], nb[2], nb[1], na[1]), np.float32)
     for i3 in range(na[3]):
         for i2 in range(na[2]):
             bs = b4[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]          # (r3, r2, m, k)
             for lo in range(0, na[1], TILE_ROWS):
-                w = _rows_f64(a4[i3, i2], lo, min(lo + TILE_ROWS, na[1]))
+                w = _rows_f64(a4[i3, i2], lo, min(lo + TILE_ROWS, na[1]), dt)
                 out[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2, :, lo:lo + w.shape[0]] = bs @ w.T
     nd = max(len(b.shape), 2)
     return out.reshape(out.shape[4 - nd:])
@@ -192,7 +199,8 @@ def mul_mat_id(as_, b, ids: np.ndarray, *, numerics: str | None = None) -> np.nd
         return faithful_mul_mat_id(as_, b, ids)
     n_expert, n, n_used, n_tok, n_b = na[2], na[1], ni[0], ni[1], nb[1]
     w3 = as_.reshape(n_expert, n, na[0]) if isinstance(as_, QTensor) else np.asarray(as_).reshape(n_expert, n, na[0])
-    b3 = _activations_f64(b).reshape(n_tok, n_b, nb[0])
+    dt = _sum_dtype(mode)
+    b3 = _activations_f64(b, dt).reshape(n_tok, n_b, nb[0])
     ids2 = ids.reshape(n_tok, n_used)
     slot = np.arange(n_used) % n_b
     out = np.empty((n_tok, n_used, n), np.float32)
@@ -200,7 +208,7 @@ def mul_mat_id(as_, b, ids: np.ndarray, *, numerics: str | None = None) -> np.nd
         t, e = np.nonzero(ids2 == x)
         rows = b3[t, slot[e]]                                          # (uses, k)
         for lo in range(0, n, TILE_ROWS):
-            w = _rows_f64(w3[x], lo, min(lo + TILE_ROWS, n))
+            w = _rows_f64(w3[x], lo, min(lo + TILE_ROWS, n), dt)
             out[t, e, lo:lo + w.shape[0]] = rows @ w.T
     return out
 
