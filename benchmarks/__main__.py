@@ -101,9 +101,9 @@ def spawn_child(name: str, job: dict, env: dict, cfg: Config) -> dict:
     return spawn(["-m", "benchmarks", "--child", name], job, env, cfg.timeout)
 
 
-def thread_env(th: int, backend: str = "numpy") -> dict:
+def thread_env(th: int, backend: str = "numpy", numerics: str = "exact") -> dict:
     return dict(OPENBLAS_NUM_THREADS=th, OMP_NUM_THREADS=th, MKL_NUM_THREADS=th, NUMBA_NUM_THREADS=th,
-                REFIMPL_BACKEND=backend)
+                REFIMPL_BACKEND=backend, REFIMPL_NUMERICS=numerics)
 
 
 def peak_rss() -> int:
@@ -393,16 +393,25 @@ def _numpy_engine(cfg: Config, job_engine: str) -> list:
     return [] if cfg.quick else [("refimpl numpy", True, job_engine, "numpy")]
 
 
+REFIMPL_ENGINES = ("refimpl numba", "refimpl numba fast", "refimpl numpy")
+
+
+def _fast_engine(job_engine: str) -> tuple:
+    """refimpl on the Numba backend with numerics="fast" (mul_mat summed in f32: BLAS tiles, fused decode)."""
+    return ("refimpl numba fast", installed("numba"), job_engine, "numba", "fast")
+
+
 def _engine_runs(name, cfg, engines, job_of) -> dict:
-    """{(engine, threads): result} for each engine (label, installed?, job engine, backend) and thread count."""
+    """{(engine, threads): result} for each engine (label, installed?, job engine, backend[, numerics]) and
+    thread count."""
     res = {}
     for th in cfg.threads:
-        for label, ok, eng, backend in engines:
+        for label, ok, eng, backend, *numerics in engines:
             if not ok:
                 res[label, th] = {"error": "not installed"}
                 continue
             t0 = time.perf_counter()
-            res[label, th] = spawn_child(name, job_of(eng, th), thread_env(th, backend), cfg)
+            res[label, th] = spawn_child(name, job_of(eng, th), thread_env(th, backend, *numerics), cfg)
             log(f"  {name}: {label} with {th} thread(s) in {time.perf_counter() - t0:.0f} s"
                 + (f"  ERROR {res[label, th]['error']}" if "error" in res[label, th] else ""))
     return res
@@ -413,7 +422,7 @@ def _model_rows(part, res, cfg, refs, metrics) -> list[Row]:
     rows = []
     for th in cfg.threads:
         ref = res[refs, th]
-        for label in ("refimpl numba", "refimpl numpy"):
+        for label in REFIMPL_ENGINES:
             r = res.get((label, th))
             if r is None:
                 continue
@@ -435,8 +444,8 @@ def part_llama(cfg: Config, notes: list) -> list[Row]:
         threads = ",".join(map(str, cfg.threads))
         return [Row("llama", "SmolLM2-135M Q4_1", "refimpl numba", got, "llama.cpp", got, threads)]
     path, ids = got
-    engines = [("refimpl numba", installed("numba"), "refimpl", "numba"), *_numpy_engine(cfg, "refimpl"),
-               ("llama.cpp", installed("llama_cpp"), "llama.cpp", "numpy")]
+    engines = [("refimpl numba", installed("numba"), "refimpl", "numba"), _fast_engine("refimpl"),
+               *_numpy_engine(cfg, "refimpl"), ("llama.cpp", installed("llama_cpp"), "llama.cpp", "numpy")]
     res = _engine_runs("llama", cfg, engines,
                        lambda e, th: dict(engine=e, threads=th, path=path, ids=ids, n_gen=n_g))
     notes.append(f"llama: SmolLM2-135M-Instruct Q4_1; prefill = one forward over {len(ids)} prompt tokens, decode = "
@@ -453,8 +462,8 @@ def part_bert(cfg: Config, notes: list) -> list[Row]:
     if not d.is_dir():
         why = "model missing (refimpl fetch minilm)"
         return [Row("bert", "MiniLM sent/s", "refimpl numba", why, "sentence-transformers", why, "—")]
-    engines = [("refimpl numba", installed("numba"), "refimpl", "numba"), *_numpy_engine(cfg, "refimpl"),
-               ("sentence-transformers", installed("torch", "sentence_transformers"), "st", "numpy")]
+    engines = [("refimpl numba", installed("numba"), "refimpl", "numba"), _fast_engine("refimpl"),
+               *_numpy_engine(cfg, "refimpl"), ("sentence-transformers", installed("torch", "sentence_transformers"), "st", "numpy")]
     rep = cfg.pick(3, 1)
     res = _engine_runs("bert", cfg, engines, lambda e, th: dict(engine=e, threads=th, repeat=rep, dir=str(d), gguf=""))
     notes.append(f"bert: all-MiniLM-L6-v2, one batch of 32 sentences per call (short ~12 words, long ~60), mean "
@@ -483,8 +492,8 @@ def part_rwkv(cfg: Config, notes: list) -> list[Row]:
     import numpy as np
     shape = cfg.pick(RWKV_FULL, RWKV_QUICK)
     n_p, n_g, rep = cfg.pick(128, 16), cfg.pick(32, 4), cfg.pick(3, 1)
-    engines = [("refimpl numba", installed("numba"), "refimpl-numba", "numba"), *_numpy_engine(cfg, "refimpl"),
-               ("rwkv", installed("torch", "rwkv"), "rwkv", "numpy")]
+    engines = [("refimpl numba", installed("numba"), "refimpl-numba", "numba"), _fast_engine("refimpl-numba"),
+               *_numpy_engine(cfg, "refimpl"), ("rwkv", installed("torch", "rwkv"), "rwkv", "numpy")]
     ids = [int(i) for i in np.random.default_rng(0).integers(1, shape["vocab"], n_p)]
     with tempfile.TemporaryDirectory(prefix="rwkv_bench_") as tmp:
         files = write_rwkv4(Path(tmp), **shape)

@@ -73,7 +73,7 @@ class Row:
 
 def target_for(key: str, engine_a: str, engine_b: str, threads: int) -> float | None:
     """The issue's target ratio for this measurement, or None when it sets none."""
-    if engine_a != "refimpl numba":
+    if engine_a not in ("refimpl numba", "refimpl numba fast"):      # the Numba backend, exact or fast numerics
         return None
     op, _, typ = key.partition(" ")
     if op == "dequantize" and threads == 1:

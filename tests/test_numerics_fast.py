@@ -3,7 +3,8 @@
     mul_mat / mul_mat_id   every output within the f32 summation bound of exact mode's (tolerance table,
                            ("mul_mat", "*", "fast")): both backends -- "numpy" (BLAS sgemm on f32 tiles) and
                            "numba" (fused 32-lane f32 decode kernels for Q4_0..Q8_0 with <= DECODE_ROWS rows of
-                           b, sgemm for f32 weights and prefill, the exact f64 kernels for other decode types)
+                           b, BLAS for f32 weights of >= 2^18 elements and for prefill, the exact f64 kernels
+                           for other decode products)
     numerics="fast"        the keyword runs the kernel with the mode current: the same bits as the context
                            manager, and really f32 sums (differs from exact on inputs where f32 sums must)
     other ops              exact mode bit for bit (rms_norm, soft_max_ext, rope_ext, swiglu, add)
@@ -223,12 +224,13 @@ def test_numerics_keyword_is_the_context_manager(be, t, m):
                                     for m in (1, DECODE_ROWS + 4) if (be, t, m) != ("numba", "f16", 1)])
 def test_numerics_keyword_really_sums_in_f32(be, t, m):
     """k = 2048 random products: an f32 sum in any order misses the correctly rounded f64 sum somewhere among
-    64 outputs (each differs with probability ~1/2), so fast != exact, yet within the bound. A fast path that
+    160 outputs (each differs with probability ~1/2), so fast != exact, yet within the bound. A fast path that
     silently ran exact mode would fail here. (Not f16 decode under numba: no fused kernel, fast runs the
-    exact f64 kernel there, within the bound.)"""
+    exact f64 kernel there, within the bound. 160 x 2048 f32 weights reach the numba backend's BLAS decode,
+    FAST_BLAS_MIN = 2^18 elements; smaller f32 decode products also run the exact kernel.)"""
     rng = np.random.default_rng(11)
     k = 2048
-    a = _weight(t, rng.standard_normal((64, k)).astype(np.float32))
+    a = _weight(t, rng.standard_normal((160, k)).astype(np.float32))
     b = rng.standard_normal((m, k)).astype(np.float32)
     exact = mul_mat.reference(a, b)
     with refimpl.backend(be):
@@ -305,7 +307,10 @@ def test_tiny_llama_fast_logits_close_to_exact(tiny_llama, be):
     bound = tol("llama.fast", "*", "exact").nmse
     for what, got in (("prefill", prefill), ("token by token", steps)):
         assert_nmse(got, exact, bound, f"fast {what} vs exact ({be})")
-        assert not np.array_equal(got, exact), f"{what}: fast mode gave exact mode's bits"
+        # (numba, f32 weights, one token at a time: every tiny f32 matrix is under FAST_BLAS_MIN, so decode
+        # runs the exact kernels -- fast mode may keep exact mode's bits there)
+        if not (be == "numba" and what == "token by token" and isinstance(m.layers[0].attn_q, np.ndarray)):
+            assert not np.array_equal(got, exact), f"{what}: fast mode gave exact mode's bits"
         np.testing.assert_array_equal(got.argmax(-1), exact.argmax(-1), err_msg=f"{what} ({be}): argmax")
 
 

@@ -12,10 +12,12 @@ Versions (exact and fast numerics; numerics="ggml" and every case below not cove
              (`quants.dequantize_into`). Identical bits to the reference.
 
 Fast numerics (section at the end): f32 sums -- fused `_fast_<type>` decode kernels for Q4_0 Q4_1 Q5_0
-Q5_1 Q8_0 and f32 (6-11 GFLOP/s per core against 3.5-5.4 for the f64 decode), f32 BLAS tiles for prefill;
-other types' decode runs the exact kernel. Decode never calls BLAS: OpenBLAS's threads spin after a call
-and the decode kernels' OpenMP threads after a prange, and the two fight over the cores when interleaved
-(a prefill whose tile decoding used the prange drivers ran 10x slower, measured).
+Q5_1 Q8_0 (6-11 GFLOP/s per core against 3.5-5.4 for the f64 decode), BLAS sgemv for f32 weights of at
+least FAST_BLAS_MIN elements (RWKV's 768x768: 37 GFLOP/s against 9 for the f64 kernel), f32 BLAS tiles for
+prefill; other decode products run the exact kernels. Small f32 products (attention over the KV cache)
+stay off BLAS: OpenBLAS's threads spin after a call and the decode kernels' OpenMP threads after a prange,
+and the two fight over the cores when interleaved (a prefill whose tile decoding used the prange drivers
+ran 10x slower, measured).
 
 Weights: a QTensor of any type with a CPU vec_dot (`GEMV`), or an f32 / f16 ndarray; b: f32
 with packed rows (anything else, e.g. b already in the weight's vec_dot type, goes to the reference).
@@ -34,11 +36,15 @@ from ..ops._shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 from . import quants
+from .faithful import fma32
 from ._common import _PREFIX, f16_to_f32, n_threads, parallel_ranges
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
 GEMV_MIN_MACS = 1 << 18  # multiply-adds per thread at least (Python thread pool)
 PAR_MIN_MACS = 1 << 15   # the same for the prange drivers (a launch costs ~5 us, not ~100)
+FAST_BLAS_MIN = 1 << 18  # fast decode: f32 weights of at least this many elements go to BLAS sgemv (see below)
+FAST_TILE = 1 << 20      # fast prefill: weight elements per f32 tile (4 MB; SmolLM2's matrices in one tile,
+                         # one decode and one sgemm each: a 64-row remainder tile ran sgemm at half speed)
 LANES = 32               # f64 partial sums of the decode dot products
 
 
@@ -241,6 +247,44 @@ def _weights(a):
     return None, np.ascontiguousarray(a)
 
 
+def _batched_f32(W, b4, na, nb, r2, r3) -> np.ndarray:
+    """Fast numerics, f32 weights with batch dims (attention's K and V), many rows: one batched sgemm.
+    ggml's broadcast (weight batch i serves b batches i*r .. i*r+r-1) as a NumPy broadcast of views:
+    b (a3, r3, a2, r2, m, k) against the weights (a3, 1, a2, 1, k, n), no copies."""
+    bv = b4.reshape(na[3], r3, na[2], r2, nb[1], nb[0])
+    wv = np.swapaxes(W, -1, -2).reshape(na[3], 1, na[2], 1, na[0], na[1])
+    return np.matmul(bv, wv).reshape(nb[3], nb[2], nb[1], na[1])
+
+
+_F32 = np.dtype(np.float32)
+
+
+def _decode_2d(a, b, fast: bool):
+    """The models' decode product -- a 2-D block weight with a prange driver, b (M <= DECODE_ROWS, k) f32
+    packed -- without the general path's 4-D bookkeeping (~15 us a call, hundreds of calls a token);
+    the same kernels, so the same bits. None for anything else."""
+    if not isinstance(a, QTensor) or len(a.shape) != 2 or a.shape[1] != b.shape[1] or a.shape[0] == 0:
+        return None
+    tid = int(a.type)
+    kern, par = (FAST.get(tid), PAR_FAST.get(tid)) if fast else (GEMV.get(tid), PAR_GEMV.get(tid))
+    data = a.data
+    if par is None or not data.flags.c_contiguous:
+        return None
+    tr = traits(a.type)
+    (n, k), M = a.shape, b.shape[0]
+    nbk = k // tr.blck_size
+    W2 = data.reshape(n * nbk, tr.type_size)
+    B = b if fast else b.astype(np.float64)
+    out = np.empty((M, n), np.float32)
+    split = _split(n, max(1, PAR_MIN_MACS // (k * M)))
+    if fast:
+        par(W2, nbk, B, out, split) if split > 1 else kern(W2, nbk, B, out, 0, n)
+    else:
+        T = quants.tables()
+        par(W2, nbk, B, out, T, split) if split > 1 else kern(W2, nbk, B, out, 0, n, T)
+    return out
+
+
 def _covered(a, b) -> bool:
     """The inputs this kernel computes: the reference's checks all pass (so it would not raise), b f32."""
     if isinstance(b, QTensor) or b.dtype != np.float32 or b.ndim > 4 or not ref_mm._rows_packed(b):
@@ -266,6 +310,11 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     if not isinstance(a, QTensor):
         a = np.asarray(a)
     mode = current_numerics(numerics)
+    if (mode != "ggml" and type(b) is np.ndarray and b.ndim == 2 and 0 < b.shape[0] <= DECODE_ROWS
+            and b.dtype == _F32 and b.flags.c_contiguous):
+        out = _decode_2d(a, b, mode == "fast")
+        if out is not None:
+            return out
     if mode == "ggml" or not _covered(a, b):
         return ref_mm.mul_mat.reference(a, b, numerics=numerics)
     fast = mode == "fast"
@@ -276,6 +325,8 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     b4 = b.reshape(nb[::-1])
     r2, r3 = nb[2] // na[2], nb[3] // na[3]
     n, k = na[1], na[0]
+    if fast and tid is None and na[2] * na[3] > 1 and r3 * r2 * nb[1] > DECODE_ROWS:
+        return _batched_f32(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
     T = quants.tables()
     out = np.empty((nb[3], nb[2], nb[1], n), np.float32)
     for i3 in range(na[3]):
@@ -289,12 +340,10 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
                 res = np.empty((M, n), np.float32)
                 per = max(1, GEMV_MIN_MACS // (k * M))
                 split = _split(n, max(1, PAR_MIN_MACS // (k * M)))
-                if fast and tid is None:
-                    if split > 1:
-                        _par_fast_f32(w, 0, B, res, split)
-                    else:
-                        _fast_f32(w, 0, B, res, 0, n)
-                elif fast and tid in FAST:
+                if fast and tid is None and n * k >= FAST_BLAS_MIN:
+                    o[...] = (B @ w.T).reshape(o.shape)          # BLAS sgemv: 2-4x the Numba kernels
+                    continue
+                if fast and tid in FAST:
                     w2 = w.reshape(-1, w.shape[-1])
                     if split > 1:
                         PAR_FAST[tid](w2, w.shape[1], B, res, split)
@@ -315,8 +364,9 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
                 continue
             bsx = bs.astype(dt, copy=False)
             w2 = w.reshape(-1, w.shape[-1]) if tid is not None else None
-            for lo in range(0, n, ref_mm.TILE_ROWS):
-                hi = min(lo + ref_mm.TILE_ROWS, n)
+            rows = max(ref_mm.TILE_ROWS, FAST_TILE // k) if fast else ref_mm.TILE_ROWS
+            for lo in range(0, n, rows):
+                hi = min(lo + rows, n)
                 if tid is None:
                     t32 = w[lo:hi]
                 else:                               # the tile's blocks, decoded in threads
@@ -333,7 +383,8 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
 # expression as the type's decoder in quants.py, so the weights are the exact dequantized values) and
 # multiplies it into 32 f32 lane sums, one weight row and one row of b at a time; the lanes are added in
 # order at the end of the row. Nothing is stored: a decoded value lives in a register only (a buffer between
-# decoding and dotting stops LLVM from vectorizing, measured 2.2 vs 6.3-11 GFLOP/s). Other weight types run
+# decoding and dotting stops LLVM from vectorizing, measured 2.2 vs 6.3-11 GFLOP/s); each product is added
+# with one rounding (llvm.fma.f32, vfmadd: +13% over a multiply and an add). Other weight types run
 # the exact kernels (f64 sums: within fast's bound too). Prefill: f32 tiles decoded in threads, one BLAS
 # sgemm per tile. Every output is within gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u /
 # (1 - k u), u = 2^-24): the f32 products and sums of one dot, in any order.
@@ -361,8 +412,8 @@ def _row_q4_0(W, r, nb, x, acc):
         xb = x[32 * b:32 * b + 32]
         for t in range(16):
             q = W[i, 2 + t]
-            acc[t] += ((np.float32(q & 15) - np.float32(8)) * d) * xb[t]
-            acc[t + 16] += ((np.float32(q >> 4) - np.float32(8)) * d) * xb[t + 16]
+            acc[t] = fma32(((np.float32(q & 15) - np.float32(8)) * d), xb[t], acc[t])
+            acc[t + 16] = fma32(((np.float32(q >> 4) - np.float32(8)) * d), xb[t + 16], acc[t + 16])
     return _lanes_sum(acc)
 
 
@@ -376,8 +427,8 @@ def _row_q4_1(W, r, nb, x, acc):
         xb = x[32 * b:32 * b + 32]
         for t in range(16):
             q = W[i, 4 + t]
-            acc[t] += (np.float32(q & 15) * d + m) * xb[t]
-            acc[t + 16] += (np.float32(q >> 4) * d + m) * xb[t + 16]
+            acc[t] = fma32((np.float32(q & 15) * d + m), xb[t], acc[t])
+            acc[t + 16] = fma32((np.float32(q >> 4) * d + m), xb[t + 16], acc[t + 16])
     return _lanes_sum(acc)
 
 
@@ -395,8 +446,8 @@ def _row_q5_0(W, r, nb, x, acc):
             q = np.int64(W[i, 6 + t])
             q0 = (q & 15) | (((qh >> t) & 1) << 4)
             q1 = (q >> 4) | (((qh >> (t + 16)) & 1) << 4)
-            acc[t] += ((np.float32(q0) - np.float32(16)) * d) * xb[t]
-            acc[t + 16] += ((np.float32(q1) - np.float32(16)) * d) * xb[t + 16]
+            acc[t] = fma32(((np.float32(q0) - np.float32(16)) * d), xb[t], acc[t])
+            acc[t + 16] = fma32(((np.float32(q1) - np.float32(16)) * d), xb[t + 16], acc[t + 16])
     return _lanes_sum(acc)
 
 
@@ -414,8 +465,8 @@ def _row_q5_1(W, r, nb, x, acc):
             q = np.int64(W[i, 8 + t])
             q0 = (q & 15) | (((qh >> t) & 1) << 4)
             q1 = (q >> 4) | (((qh >> (t + 16)) & 1) << 4)
-            acc[t] += (np.float32(q0) * d + m) * xb[t]
-            acc[t + 16] += (np.float32(q1) * d + m) * xb[t + 16]
+            acc[t] = fma32((np.float32(q0) * d + m), xb[t], acc[t])
+            acc[t + 16] = fma32((np.float32(q1) * d + m), xb[t + 16], acc[t + 16])
     return _lanes_sum(acc)
 
 
@@ -428,26 +479,8 @@ def _row_q8_0(W, r, nb, x, acc):
         d = _f16w(W, i, 0)
         xb = x[32 * b:32 * b + 32]
         for t in range(32):
-            acc[t] += (np.float32(np.int8(W[i, 2 + t])) * d) * xb[t]
+            acc[t] = fma32((np.float32(np.int8(W[i, 2 + t])) * d), xb[t], acc[t])
     return _lanes_sum(acc)
-
-
-@njit(inline="always")
-def _row_f32(W, r, nb, x, acc):
-    """f32 weights (W (n, k)): 32 lanes, then the tail in order (k need not be a multiple of 32)."""
-    k = x.shape[0]
-    for t in range(32):
-        acc[t] = 0
-    w = W[r]
-    n32 = k // 32
-    for b in range(n32):
-        wb, xb = w[32 * b:32 * b + 32], x[32 * b:32 * b + 32]
-        for t in range(32):
-            acc[t] += wb[t] * xb[t]
-    s = _lanes_sum(acc)
-    for i in range(32 * n32, k):
-        s += w[i] * x[i]
-    return s
 
 
 @njit(inline="always")
@@ -482,11 +515,6 @@ def _fast_q5_1(W, nb, B, out, lo, hi):
 @njit(cache=True, nogil=True)
 def _fast_q8_0(W, nb, B, out, lo, hi):
     _fast(_row_q8_0, W, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _fast_f32(W, nb, B, out, lo, hi):
-    _fast(_row_f32, W, nb, B, out, lo, hi)
 
 
 FAST = {int(GGMLType[n.upper()]): globals()[f"_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}
@@ -582,13 +610,6 @@ def _par_gemv_q6_K(W, nb, B, out, T, nchunk):
     n = out.shape[1]
     for c in prange(nchunk):
         _gemv_q6_K(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_fast_f32(W, nb, B, out, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _fast_f32(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk)
-
 
 @njit(cache=True, parallel=True, nogil=True)
 def _par_gemv_f32(W, B, out, nchunk):
