@@ -260,9 +260,12 @@ _F32 = np.dtype(np.float32)
 
 
 def _decode_2d(a, b, fast: bool):
-    """The models' decode product -- a 2-D block weight with a prange driver, b (M <= DECODE_ROWS, k) f32
-    packed -- without the general path's 4-D bookkeeping (~15 us a call, hundreds of calls a token);
-    the same kernels, so the same bits. None for anything else."""
+    """The models' decode product -- a 2-D block weight with a prange driver (or in fast mode a large f32
+    one), b (M <= DECODE_ROWS, k) f32 packed -- without the general path's 4-D bookkeeping (~15 us a call,
+    hundreds of calls a token); the same kernels, so the same bits. None for anything else."""
+    if (fast and type(a) is np.ndarray and a.ndim == 2 and a.dtype == _F32 and a.shape[1] == b.shape[1]
+            and a.size >= FAST_BLAS_MIN and a.flags.c_contiguous):
+        return b @ a.T                               # BLAS sgemv, as the general path below
     if not isinstance(a, QTensor) or len(a.shape) != 2 or a.shape[1] != b.shape[1] or a.shape[0] == 0:
         return None
     tid = int(a.type)

@@ -319,6 +319,10 @@ def add_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
 # -- unary ops -----------------------------------------------------------------------------------------
 
 def _unary(name, a, f, types=FLOAT_TYPES, layout="rows"):
+    if type(a) is np.ndarray and a.dtype == _F32 and a.flags.c_contiguous and "f32" in types:
+        with np.errstate(all="ignore"):           # f32, packed: nothing to load, check or round (~25 us less)
+            y = f(a)
+        return np.array(y, np.float32) if y is a or not isinstance(y, np.ndarray) or y.dtype != _F32 else y
     x, t = _load(name, a, types)
     _check_layout(name, layout, a=a)
     with np.errstate(all="ignore"):
