@@ -8,14 +8,17 @@ Parts, in the order they run (each measurement in its own fresh interpreter, one
                 (ggml-python, one thread); benchmarks/kernels.py's measurements
     mul_mat     GFLOP/s of a weight (n, k) times m = 1 (decode) / 128 (prefill) f32 rows, F32 F16 Q4_0 Q4_1
                 Q8_0 Q4_K Q6_K, SmolLM2's shapes and 4096x4096: refimpl numba vs ggml
-    llama       SmolLM2-135M Q4_1 prefill / decode tokens/s: refimpl (numba, numpy) vs llama.cpp
+    llama       SmolLM2-135M Q4_1 prefill / decode tokens/s: refimpl (numba exact, numba fast, numpy) vs llama.cpp
                 (llama-cpp-python), one process per engine; benchmarks/llama.py's child
-    bert        all-MiniLM-L6-v2 sentences/s, batches of 32: refimpl (numba, numpy) vs sentence-transformers;
-                benchmarks/bert.py's child
-    rwkv        RWKV-4 169M-shape (random weights) prefill / decode tokens/s: refimpl (numba, numpy) vs the
-                rwkv package; benchmarks/rwkv.py's child
+    bert        all-MiniLM-L6-v2 sentences/s, batches of 32: refimpl (numba exact, numba fast, numpy) vs
+                sentence-transformers; benchmarks/bert.py's child
+    rwkv        RWKV-4 169M-shape (random weights) prefill / decode tokens/s: refimpl (numba exact, numba fast,
+                numpy) vs the rwkv package; benchmarks/rwkv.py's child
     gguf_load   loading the SmolLM2 GGUF in a fresh process: refimpl.gguf.load vs gguf-py's GGUFReader
     import_time cold `import refimpl` (a note, no row)
+
+"numba fast" is the Numba backend with REFIMPL_NUMERICS=fast (mul_mat summed in f32, refimpl.numerics); the
+issue's model targets are checked for it and for exact mode alike.
 
 Each part's rows go into one markdown table (benchmarks/summary.py): part, what, engine A, engine B,
 ratio = A / B, the issue's target and whether it holds, threads, peak RSS (VmHWM of each engine's process).
