@@ -70,3 +70,65 @@ def test_mul_mat_broadcast_batches(m):
     with refimpl.backend("numba"):
         got = refimpl.mul_mat(a, b)
     assert_nmse(got, ref, tol("mul_mat", "*", "property").nmse, "batched mul_mat")
+
+
+# -- thread splits and forks --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("t", ["f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q6_K"])
+def test_decode_bits_do_not_depend_on_threads(t, mode):
+    """A decode product splits weight rows over threads (prange drivers, or the thread pool); every output
+    row is one kernel's whole dot product, so 1, 2 or 3 threads give identical bits, both modes."""
+    import numba
+    rng = np.random.default_rng(3)
+    a = _weight(t, rng.standard_normal((1000, 512)).astype(np.float32))
+    b = rng.standard_normal((3, 512)).astype(np.float32)
+    before = numba.get_num_threads()
+    outs = []
+    try:
+        for th in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS), min(3, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(th)
+            with refimpl.backend("numba"):
+                outs.append(refimpl.ops.mul_mat(a, b, numerics=mode))
+    finally:
+        numba.set_num_threads(before)
+    for o in outs[1:]:
+        assert_bits_equal(o, outs[0], f"mul_mat {t} {mode}: threads change the bits")
+
+
+def test_decode_in_a_forked_child_runs_on_one_thread():
+    """GNU OpenMP's threads do not survive a fork: a child that used a prange region its parent had started
+    would hang. The decode drivers take one range in a child (ggml's test harness forks), so a child's
+    decode product finishes and equals the parent's."""
+    import os
+    import pickle
+    import select
+    if not hasattr(os, "fork"):
+        pytest.skip("no os.fork on this platform")
+    rng = np.random.default_rng(4)
+    a = _weight("q4_1", rng.standard_normal((4096, 576)).astype(np.float32))
+    b = rng.standard_normal((1, 576)).astype(np.float32)
+    with refimpl.backend("numba"):
+        parent = refimpl.ops.mul_mat(a, b, numerics="fast")       # starts the OpenMP threads here
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                                  # child
+        try:
+            os.close(r)
+            with refimpl.backend("numba"):
+                got = refimpl.ops.mul_mat(a, b, numerics="fast")
+            with os.fdopen(w, "wb") as f:
+                f.write(pickle.dumps(got))
+        finally:
+            os._exit(0)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 120)
+    if not ready:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's decode product did not finish in 120 s (OpenMP after fork)")
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    assert data, "the forked child died without a result"
+    assert_bits_equal(pickle.loads(data), parent, "decode in a forked child")
