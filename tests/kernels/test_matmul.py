@@ -103,8 +103,6 @@ def test_decode_in_a_forked_child_runs_on_one_thread():
     import os
     import pickle
     import select
-    if not hasattr(os, "fork"):
-        pytest.skip("no os.fork on this platform")
     rng = np.random.default_rng(4)
     a = _weight("q4_1", rng.standard_normal((4096, 576)).astype(np.float32))
     b = rng.standard_normal((1, 576)).astype(np.float32)
