@@ -314,7 +314,7 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
         a = np.asarray(a)
     mode = current_numerics(numerics)
     if (mode != "ggml" and type(b) is np.ndarray and b.ndim == 2 and 0 < b.shape[0] <= DECODE_ROWS
-            and b.dtype == _F32 and b.flags.c_contiguous):
+            and b.shape[1] > 0 and b.dtype == _F32 and b.flags.c_contiguous):
         out = _decode_2d(a, b, mode == "fast")
         if out is not None:
             return out
