@@ -466,7 +466,8 @@ def part_bert(cfg: Config, notes: list) -> list[Row]:
         why = "model missing (refimpl fetch minilm)"
         return [Row("bert", "MiniLM sent/s", "refimpl numba", why, "sentence-transformers", why, "—")]
     engines = [("refimpl numba", installed("numba"), "refimpl", "numba"), _fast_engine("refimpl"),
-               *_numpy_engine(cfg, "refimpl"), ("sentence-transformers", installed("torch", "sentence_transformers"), "st", "numpy")]
+               *_numpy_engine(cfg, "refimpl"),
+               ("sentence-transformers", installed("torch", "sentence_transformers"), "st", "numpy")]
     rep = cfg.pick(3, 1)
     res = _engine_runs("bert", cfg, engines, lambda e, th: dict(engine=e, threads=th, repeat=rep, dir=str(d), gguf=""))
     notes.append(f"bert: all-MiniLM-L6-v2, one batch of 32 sentences per call (short ~12 words, long ~60), mean "

@@ -621,8 +621,9 @@ def _par_gemv_f32(W, B, out, nchunk):
         _gemv_f32(W, B, out, n * c // nchunk, n * (c + 1) // nchunk)
 
 
-PAR_FAST = {int(GGMLType[n.upper()]): globals()[f"_par_fast_{n}"] for n in ('q4_0', 'q4_1', 'q5_0', 'q5_1', 'q8_0')}
-PAR_GEMV = {int(GGMLType[n.upper()]): globals()[f"_par_gemv_{n}"] for n in ('f16', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q8_0', 'q4_K', 'q5_K', 'q6_K')}
+PAR_FAST = {int(GGMLType[n.upper()]): globals()[f"_par_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}
+PAR_GEMV = {int(GGMLType[n.upper()]): globals()[f"_par_gemv_{n}"]
+            for n in ("f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K")}
 
 
 def _split(n: int, per: int) -> int:

@@ -128,9 +128,9 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
 
     Exact mode: weights dequantized exactly (TILE_ROWS rows at a time, never the whole matrix), products
     summed in f64, rounded once to f32. Fast mode: the same exactly dequantized f32 tiles, summed in f32 by
-    BLAS (sgemm), each output within gamma_k * sum_k |a*b| of the exact one. ggml-cpu first converts f32 b to the vec_dot_type (measured NMSE vs
-    exact: f16 ~5e-8, bf16 ~4e-6, Q8_0/Q8_1/Q8_K blocks 1-4e-5; see the tolerance table); numerics="ggml"
-    is the hook for that emulation (FAITHFUL).
+    BLAS (sgemm), each output within gamma_k * sum_k |a*b| of the exact one. ggml-cpu first converts f32 b
+    to the vec_dot_type (measured NMSE vs exact: f16 ~5e-8, bf16 ~4e-6, Q8_0/Q8_1/Q8_K blocks 1-4e-5; see
+    the tolerance table); numerics="ggml" is the hook for that emulation (FAITHFUL).
     """
     mode = current_numerics(numerics)
     if not isinstance(b, QTensor):
