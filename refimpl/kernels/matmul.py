@@ -269,22 +269,32 @@ def _decode_2d(a, b, fast: bool):
     if not isinstance(a, QTensor) or len(a.shape) != 2 or a.shape[1] != b.shape[1] or a.shape[0] == 0:
         return None
     tid = int(a.type)
-    kern, par = (FAST.get(tid), PAR_FAST.get(tid)) if fast else (GEMV.get(tid), PAR_GEMV.get(tid))
-    data = a.data
-    if par is None or not data.flags.c_contiguous:
+    if tid not in GEMV or not a.data.flags.c_contiguous:
         return None
-    tr = traits(a.type)
-    (n, k), M = a.shape, b.shape[0]
-    nbk = k // tr.blck_size
-    W2 = data.reshape(n * nbk, tr.type_size)
-    B = b if fast else b.astype(np.float64)
-    out = np.empty((M, n), np.float32)
+    n, k = a.shape
+    nbk = k // traits(a.type).blck_size
+    W2 = a.data.reshape(n * nbk, -1)
+    return _decode_blocks(tid, W2, nbk, b, np.empty((b.shape[0], n), np.float32), fast)
+
+
+def _decode_blocks(tid: int, W2, nbk: int, B, out, fast: bool):
+    """out (M, n) = block weight rows W2 (n * nbk, type_size) times B (M, k) f32: the fused f32 kernel in
+    fast mode where the type has one, else the exact f64 kernel; rows split by a prange driver where the
+    type has one (see the thread drivers below), else over the thread pool."""
+    M, n, k = out.shape[0], out.shape[1], B.shape[1]
     split = _split(n, max(1, PAR_MIN_MACS // (k * M)))
-    if fast:
-        par(W2, nbk, B, out, split) if split > 1 else kern(W2, nbk, B, out, 0, n)
+    if fast and tid in FAST:
+        if split > 1:
+            PAR_FAST[tid](W2, nbk, B, out, split)
+        else:
+            FAST[tid](W2, nbk, B, out, 0, n)
+        return out
+    B, T = B.astype(np.float64, copy=False), quants.tables()
+    if split > 1 and tid in PAR_GEMV:
+        PAR_GEMV[tid](W2, nbk, B, out, T, split)
     else:
-        T = quants.tables()
-        par(W2, nbk, B, out, T, split) if split > 1 else kern(W2, nbk, B, out, 0, n, T)
+        gemv = GEMV[tid]
+        parallel_ranges(lambda lo, hi: gemv(W2, nbk, B, out, lo, hi, T), n, max(1, GEMV_MIN_MACS // (k * M)))
     return out
 
 
@@ -330,7 +340,6 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     n, k = na[1], na[0]
     if fast and tid is None and na[2] * na[3] > 1 and r3 * r2 * nb[1] > DECODE_ROWS:
         return _batched_f32(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
-    T = quants.tables()
     out = np.empty((nb[3], nb[2], nb[1], n), np.float32)
     for i3 in range(na[3]):
         for i2 in range(na[2]):
@@ -341,28 +350,18 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
             if M <= DECODE_ROWS:
                 B = np.ascontiguousarray(bs.reshape(M, k), dt)
                 res = np.empty((M, n), np.float32)
-                per = max(1, GEMV_MIN_MACS // (k * M))
-                split = _split(n, max(1, PAR_MIN_MACS // (k * M)))
                 if fast and tid is None and n * k >= FAST_BLAS_MIN:
                     o[...] = (B @ w.T).reshape(o.shape)          # BLAS sgemv: 2-4x the Numba kernels
                     continue
-                if fast and tid in FAST:
-                    w2 = w.reshape(-1, w.shape[-1])
-                    if split > 1:
-                        PAR_FAST[tid](w2, w.shape[1], B, res, split)
-                    else:
-                        FAST[tid](w2, w.shape[1], B, res, 0, n)
+                if tid is not None:
+                    _decode_blocks(tid, w.reshape(-1, w.shape[-1]), w.shape[1], B, res, fast)
                 else:
                     B = B.astype(np.float64, copy=False)
-                    if tid is None and split > 1:
+                    split = _split(n, max(1, PAR_MIN_MACS // (k * M)))
+                    if split > 1:
                         _par_gemv_f32(w, B, res, split)
-                    elif tid is None:
-                        _gemv_f32(w, B, res, 0, n)
-                    elif split > 1 and tid in PAR_GEMV:
-                        PAR_GEMV[tid](w.reshape(-1, w.shape[-1]), w.shape[1], B, res, T, split)
                     else:
-                        w2, gemv = w.reshape(-1, w.shape[-1]), GEMV[tid]
-                        parallel_ranges(lambda lo, hi: gemv(w2, w.shape[1], B, res, lo, hi, T), n, per)
+                        _gemv_f32(w, B, res, 0, n)
                 o[...] = res.reshape(o.shape)
                 continue
             bsx = bs.astype(dt, copy=False)
