@@ -12,8 +12,9 @@ Versions (exact and fast numerics; numerics="ggml" and every case below not cove
              (`quants.dequantize_into`). Identical bits to the reference.
 
 Fast numerics (section at the end): f32 sums -- fused `_fast_<type>` decode kernels for Q4_0 Q4_1 Q5_0
-Q5_1 Q8_0 (6-11 GFLOP/s per core against 3.5-5.4 for the f64 decode), BLAS sgemv for f32 weights of at
-least FAST_BLAS_MIN elements (RWKV's 768x768: 37 GFLOP/s against 9 for the f64 kernel), f32 BLAS tiles for
+Q5_1 Q8_0 (vector IR from kernels/simd.py: 16-29 GFLOP/s per core against 3.5-5.4 for the f64 decode),
+BLAS sgemv for f32 weights of at least FAST_BLAS_MIN elements (RWKV's 768x768: 37 GFLOP/s against 9 for
+the f64 kernel), f32 BLAS tiles for
 prefill; other decode products run the exact kernels. Small f32 products (attention over the KV cache)
 stay off BLAS: OpenBLAS's threads spin after a call and the decode kernels' OpenMP threads after a prange,
 and the two fight over the cores when interleaved (a prefill whose tile decoding used the prange drivers
@@ -35,9 +36,8 @@ from ..ops._core import current_numerics, register
 from ..ops._shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
-from . import quants
-from .faithful import fma32
-from ._common import _PREFIX, f16_to_f32, n_threads, parallel_ranges
+from . import quants, simd
+from ._common import _PREFIX, n_threads, parallel_ranges
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
 GEMV_MIN_MACS = 1 << 18  # multiply-adds per thread at least (Python thread pool)
@@ -230,6 +230,41 @@ def _gemv_f32(W, B, out, lo, hi):
             out[j, r] = np.float32(_dot_f64(w, B[j], k, acc))
 
 
+@njit(cache=True, nogil=True)
+def _attn_exact(A, B, out, h0, h1):
+    """Attention's decode products for heads h0..h1-1: out[h, j, i] = f32(Σ f64 A[h // r, i] * B[h, j]),
+    A (G, n, k) f32 (the cache side), B (H, m, k) f64, out (H, m, n), r = H // G (ggml's broadcast of the
+    weight batch); `_gemv_f32`'s dot, so the bits of the per-batch path."""
+    G, n, k = A.shape
+    H, m = B.shape[0], B.shape[1]
+    if (G == 0 or H % G != 0 or B.shape[2] != k or out.shape[0] != H or out.shape[1] != m
+            or out.shape[2] != n or h0 < 0 or h1 > H):
+        raise ValueError("mul_mat attention kernel: operand shapes do not match")
+    r = H // G
+    acc = np.empty(LANES, np.float64)
+    for h in range(h0, h1):
+        g = h // r
+        for j in range(m):
+            for i in range(n):
+                out[h, j, i] = np.float32(_dot_f64(A[g, i], B[h, j], k, acc))
+
+
+@njit(cache=True, nogil=True)
+def _attn_fast(A, B, out, h0, h1):
+    """`_attn_exact` in f32 (numerics="fast"): each output `simd.vdot_f32` of the two rows, B (H, m, k) f32."""
+    G, n, k = A.shape
+    H, m = B.shape[0], B.shape[1]
+    if (G == 0 or H % G != 0 or B.shape[2] != k or out.shape[0] != H or out.shape[1] != m
+            or out.shape[2] != n or h0 < 0 or h1 > H):
+        raise ValueError("mul_mat attention kernel: operand shapes do not match")
+    r = H // G
+    for h in range(h0, h1):
+        g = h // r
+        for j in range(m):
+            for i in range(n):
+                out[h, j, i] = simd.vdot_f32(A, (g * n + i) * k, B, (h * m + j) * k, k)
+
+
 GEMV = {int(GGMLType[n.upper()]): globals()[f"_gemv_{n}"] for n in (
     "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q1_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq2_xxs",
     "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4", "nvfp4")}
@@ -275,6 +310,28 @@ def _decode_2d(a, b, fast: bool):
     nbk = k // traits(a.type).blck_size
     W2 = a.data.reshape(n * nbk, -1)
     return _decode_blocks(tid, W2, nbk, b, np.empty((b.shape[0], n), np.float32), fast)
+
+
+def _attn_decode(a, b, fast: bool):
+    """Attention's decode products as the models call them -- a (G, n, k) f32 cache side, b (H, m, k) f32
+    with m <= DECODE_ROWS, H a multiple of G, both C-contiguous -- in one kernel call over all heads
+    (split by heads over threads) instead of one product per weight batch; None for anything else."""
+    G, n, k = a.shape
+    H, m = b.shape[0], b.shape[1]
+    if not (G > 0 and n > 0 and k > 0 and b.shape[2] == k and H % G == 0 and H > 0
+            and a.flags.c_contiguous and b.flags.c_contiguous):
+        return None
+    out = np.empty((H, m, n), np.float32)
+    split = _split(H, max(1, PAR_MIN_MACS // (n * k * m)))
+    if fast:
+        kern, par, B = _attn_fast, _par_attn_fast, b
+    else:
+        kern, par, B = _attn_exact, _par_attn_exact, b.astype(np.float64)
+    if split > 1:
+        par(a, B, out, split)
+    else:
+        kern(a, B, out, 0, H)
+    return out
 
 
 def _decode_blocks(tid: int, W2, nbk: int, B, out, fast: bool):
@@ -326,6 +383,11 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     if (mode != "ggml" and type(b) is np.ndarray and b.ndim == 2 and 0 < b.shape[0] <= DECODE_ROWS
             and b.shape[1] > 0 and b.dtype == _F32 and b.flags.c_contiguous):
         out = _decode_2d(a, b, mode == "fast")
+        if out is not None:
+            return out
+    if (mode != "ggml" and type(b) is np.ndarray and type(a) is np.ndarray and b.ndim == 3 and a.ndim == 3
+            and 0 < b.shape[1] <= DECODE_ROWS and b.dtype == _F32 and a.dtype == _F32):
+        out = _attn_decode(a, b, mode == "fast")
         if out is not None:
             return out
     if mode == "ggml" or not _covered(a, b):
@@ -381,142 +443,50 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
 
 
 # -- numerics="fast" -----------------------------------------------------------------------------------------
-# f32 sums in a vectorizable order. Decode: `_fast_<type>` decodes each weight block inline (the same f32
-# expression as the type's decoder in quants.py, so the weights are the exact dequantized values) and
-# multiplies it into 32 f32 lane sums, one weight row and one row of b at a time; the lanes are added in
-# order at the end of the row. Nothing is stored: a decoded value lives in a register only (a buffer between
-# decoding and dotting stops LLVM from vectorizing, measured 2.2 vs 6.3-11 GFLOP/s); each product is added
-# with one rounding (llvm.fma.f32, vfmadd: +13% over a multiply and an add). Other weight types run
-# the exact kernels (f64 sums: within fast's bound too). Prefill: f32 tiles decoded in threads, one BLAS
+# f32 sums in a vectorizable order. Decode: `_fast_<type>` runs the type's vector dot of kernels/simd.py
+# (LLVM IR: each 32-element block decoded as a vector -- the exact dequantized f32 values -- and multiplied
+# into 32 f32 lane sums with one rounding, the lanes added pairwise at the end of the row; 16-29 GFLOP/s a
+# core against 3.5-8 for the same loop written in Numba, which LLVM left mostly scalar). Other weight types
+# run the exact kernels (f64 sums: within fast's bound too). Prefill: f32 tiles decoded in threads, one BLAS
 # sgemm per tile. Every output is within gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u /
 # (1 - k u), u = 2^-24): the f32 products and sums of one dot, in any order.
 
 @njit(inline="always")
-def _f16w(W, i, o):
-    return f16_to_f32(W[i, o], W[i, o + 1])
-
-
-@njit(inline="always")
-def _lanes_sum(acc):
-    s = np.float32(0)
-    for t in range(32):
-        s += acc[t]
-    return s
-
-
-@njit(inline="always")
-def _row_q4_0(W, r, nb, x, acc):
-    for t in range(32):
-        acc[t] = 0
-    for b in range(nb):
-        i = r * nb + b
-        d = _f16w(W, i, 0)
-        xb = x[32 * b:32 * b + 32]
-        for t in range(16):
-            q = W[i, 2 + t]
-            acc[t] = fma32(((np.float32(q & 15) - np.float32(8)) * d), xb[t], acc[t])
-            acc[t + 16] = fma32(((np.float32(q >> 4) - np.float32(8)) * d), xb[t + 16], acc[t + 16])
-    return _lanes_sum(acc)
-
-
-@njit(inline="always")
-def _row_q4_1(W, r, nb, x, acc):
-    for t in range(32):
-        acc[t] = 0
-    for b in range(nb):
-        i = r * nb + b
-        d, m = _f16w(W, i, 0), _f16w(W, i, 2)
-        xb = x[32 * b:32 * b + 32]
-        for t in range(16):
-            q = W[i, 4 + t]
-            acc[t] = fma32((np.float32(q & 15) * d + m), xb[t], acc[t])
-            acc[t + 16] = fma32((np.float32(q >> 4) * d + m), xb[t + 16], acc[t + 16])
-    return _lanes_sum(acc)
-
-
-@njit(inline="always")
-def _row_q5_0(W, r, nb, x, acc):
-    for t in range(32):
-        acc[t] = 0
-    for b in range(nb):
-        i = r * nb + b
-        d = _f16w(W, i, 0)
-        qh = (np.int64(W[i, 2]) | (np.int64(W[i, 3]) << 8) | (np.int64(W[i, 4]) << 16)
-              | (np.int64(W[i, 5]) << 24))
-        xb = x[32 * b:32 * b + 32]
-        for t in range(16):
-            q = np.int64(W[i, 6 + t])
-            q0 = (q & 15) | (((qh >> t) & 1) << 4)
-            q1 = (q >> 4) | (((qh >> (t + 16)) & 1) << 4)
-            acc[t] = fma32(((np.float32(q0) - np.float32(16)) * d), xb[t], acc[t])
-            acc[t + 16] = fma32(((np.float32(q1) - np.float32(16)) * d), xb[t + 16], acc[t + 16])
-    return _lanes_sum(acc)
-
-
-@njit(inline="always")
-def _row_q5_1(W, r, nb, x, acc):
-    for t in range(32):
-        acc[t] = 0
-    for b in range(nb):
-        i = r * nb + b
-        d, m = _f16w(W, i, 0), _f16w(W, i, 2)
-        qh = (np.int64(W[i, 4]) | (np.int64(W[i, 5]) << 8) | (np.int64(W[i, 6]) << 16)
-              | (np.int64(W[i, 7]) << 24))
-        xb = x[32 * b:32 * b + 32]
-        for t in range(16):
-            q = np.int64(W[i, 8 + t])
-            q0 = (q & 15) | (((qh >> t) & 1) << 4)
-            q1 = (q >> 4) | (((qh >> (t + 16)) & 1) << 4)
-            acc[t] = fma32((np.float32(q0) * d + m), xb[t], acc[t])
-            acc[t + 16] = fma32((np.float32(q1) * d + m), xb[t + 16], acc[t + 16])
-    return _lanes_sum(acc)
-
-
-@njit(inline="always")
-def _row_q8_0(W, r, nb, x, acc):
-    for t in range(32):
-        acc[t] = 0
-    for b in range(nb):
-        i = r * nb + b
-        d = _f16w(W, i, 0)
-        xb = x[32 * b:32 * b + 32]
-        for t in range(32):
-            acc[t] = fma32((np.float32(np.int8(W[i, 2 + t])) * d), xb[t], acc[t])
-    return _lanes_sum(acc)
-
-
-@njit(inline="always")
-def _fast(rowdot, W, nb, B, out, lo, hi):
-    """out[j, r] = rowdot(weight row r, B[j]) for r in lo..hi-1, every j."""
-    acc = np.empty(32, np.float32)
+def _fast(vdot, ts, W, nb, B, out, lo, hi):
+    """out[j, r] = vdot(weight row r, B[j]) for r in lo..hi-1, every j; the bounds the IR relies on checked
+    once here (W (rows * nb, ts) blocks, B (M, >= 32 * nb), out (M, >= hi))."""
+    k = B.shape[1]
+    if (lo < 0 or hi > out.shape[1] or hi * nb > W.shape[0] or W.shape[1] != ts or 32 * nb > k
+            or out.shape[0] != B.shape[0]):
+        raise ValueError("mul_mat fast kernel: weight blocks, activation rows and output do not match")
     for r in range(lo, hi):
         for j in range(B.shape[0]):
-            out[j, r] = rowdot(W, r, nb, B[j], acc)
+            out[j, r] = vdot(W, r * nb, nb, B, j * k)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q4_0(W, nb, B, out, lo, hi):
-    _fast(_row_q4_0, W, nb, B, out, lo, hi)
+    _fast(simd.vdot_q4_0, 18, W, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q4_1(W, nb, B, out, lo, hi):
-    _fast(_row_q4_1, W, nb, B, out, lo, hi)
+    _fast(simd.vdot_q4_1, 20, W, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q5_0(W, nb, B, out, lo, hi):
-    _fast(_row_q5_0, W, nb, B, out, lo, hi)
+    _fast(simd.vdot_q5_0, 22, W, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q5_1(W, nb, B, out, lo, hi):
-    _fast(_row_q5_1, W, nb, B, out, lo, hi)
+    _fast(simd.vdot_q5_1, 24, W, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q8_0(W, nb, B, out, lo, hi):
-    _fast(_row_q8_0, W, nb, B, out, lo, hi)
+    _fast(simd.vdot_q8_0, 34, W, nb, B, out, lo, hi)
 
 
 FAST = {int(GGMLType[n.upper()]): globals()[f"_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}
@@ -618,6 +588,19 @@ def _par_gemv_f32(W, B, out, nchunk):
     n = out.shape[1]
     for c in prange(nchunk):
         _gemv_f32(W, B, out, n * c // nchunk, n * (c + 1) // nchunk)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_attn_exact(A, B, out, nchunk):
+    H = out.shape[0]
+    for c in prange(nchunk):
+        _attn_exact(A, B, out, H * c // nchunk, H * (c + 1) // nchunk)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_attn_fast(A, B, out, nchunk):
+    H = out.shape[0]
+    for c in prange(nchunk):
+        _attn_fast(A, B, out, H * c // nchunk, H * (c + 1) // nchunk)
 
 
 PAR_FAST = {int(GGMLType[n.upper()]): globals()[f"_par_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}

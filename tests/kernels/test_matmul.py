@@ -130,3 +130,53 @@ def test_decode_in_a_forked_child_runs_on_one_thread():
     os.waitpid(pid, 0)
     assert data, "the forked child died without a result"
     assert_bits_equal(pickle.loads(data), parent, "decode in a forked child")
+
+
+# -- attention's decode products: all heads in one call ----------------------------------------------------
+
+@pytest.mark.parametrize("G,H,n,k,m", [(3, 9, 97, 64, 1), (1, 4, 5, 33, 2), (2, 2, 1, 1, 3), (3, 6, 40, 100, 8),
+                                       (4, 8, 300, 32, 1)])
+def test_attention_decode_is_the_per_batch_path(G, H, n, k, m):
+    """a (G, n, k) f32 times b (H, m, k), m <= DECODE_ROWS (attention over the KV cache): exact mode runs
+    every head in one kernel call with `_gemv_f32`'s dot, so the bits equal the per-batch path (the same
+    data as 4-D arrays, which takes it); fast mode is within the f32 summation bound of exact (k not a
+    multiple of 32 exercises the vector dot's scalar tail)."""
+    rng = np.random.default_rng(n + k)
+    a = rng.standard_normal((G, n, k)).astype(np.float32)
+    b = rng.standard_normal((H, m, k)).astype(np.float32)
+    with refimpl.backend("numba"):
+        got = refimpl.ops.mul_mat(a, b, numerics="exact")
+        per_batch = refimpl.ops.mul_mat(a[None], b[None], numerics="exact")[0]
+        fast = refimpl.ops.mul_mat(a, b, numerics="fast")
+    assert got.shape == (H, m, n)
+    assert_bits_equal(got, per_batch, "attention decode product, exact")
+    with refimpl.backend("numpy"):
+        ref = refimpl.mul_mat(a, b)
+    assert_nmse(got, ref, tol("mul_mat", "*", "property").nmse, "attention decode product vs reference")
+    g = np.arange(H) // (H // G)
+    s = np.einsum("hmk,hnk->hmn", np.abs(b.astype(np.float64)), np.abs(a.astype(np.float64))[g])
+    gamma = lambda u: k * u / (1 - k * u)                                         # noqa: E731
+    bound = (gamma(2.0 ** -24) + gamma(2.0 ** -53)) * s + np.spacing(np.abs(got)).astype(np.float64)
+    assert (np.abs(fast.astype(np.float64) - got.astype(np.float64)) <= bound).all(), "fast attention product"
+
+
+def test_fast_kernels_refuse_mismatched_operands():
+    """The vector kernels read raw addresses (kernels/simd.py); their drivers check the operands first, so a
+    wrong call raises instead of reading past an array."""
+    rng = np.random.default_rng(5)
+    with refimpl.backend("numpy"):
+        q = refimpl.quantize(rng.standard_normal((4, 64)).astype(np.float32), "q4_1")
+    W2 = q.data.reshape(-1, 20)
+    out = np.empty((1, 4), np.float32)
+    with pytest.raises(ValueError, match="do not match"):
+        km._fast_q4_1(W2, 2, np.zeros((1, 32), np.float32), out, 0, 4)        # activation row too short
+    with pytest.raises(ValueError, match="do not match"):
+        km._fast_q4_1(W2, 2, np.zeros((1, 64), np.float32), out, 0, 5)        # past the last weight row
+    with pytest.raises(ValueError, match="do not match"):
+        km._fast_q8_0(W2, 2, np.zeros((1, 64), np.float32), out, 0, 4)        # Q4_1 blocks read as Q8_0
+    with pytest.raises(ValueError, match="do not match"):
+        km._attn_fast(np.zeros((2, 3, 8), np.float32), np.zeros((3, 1, 8), np.float32),
+                      np.empty((3, 1, 3), np.float32), 0, 3)                  # 3 heads over 2 groups
+    with pytest.raises(ValueError, match="do not match"):
+        km._attn_fast(np.zeros((1, 3, 8), np.float32), np.zeros((2, 1, 9), np.float32),
+                      np.empty((2, 1, 3), np.float32), 0, 2)                  # k differs

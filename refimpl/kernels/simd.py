@@ -1,0 +1,197 @@
+"""Vector dot products written as LLVM IR: one call = one weight row against one f32 activation row.
+
+Numba compiles `for t in range(32): acc[t] = fma(w(q[t]), x[t], acc[t])` with the weight decoded from
+nibbles into mostly scalar code (4.5-6 GFLOP/s a core here); these intrinsics state the vector form
+directly -- per 32-element block: one load of the quants, the nibble / bit split as byte vectors, one
+int -> f32 conversion, the type's f32 decode, one `llvm.fma.v32f32` into 32 f32 lane sums held in
+registers across the row -- and let LLVM pick the instructions for the host (AVX2: four ymm accumulators).
+The IR is target independent (no x86 intrinsics), so it compiles, slower, on any CPU Numba supports.
+
+`vdot_<type>(W, i0, nb, x, x0) -> f32`: W (blocks, type_size) uint8 C-contiguous, blocks i0 .. i0+nb-1
+one weight row; x f32 C-contiguous, elements x0 .. x0 + 32*nb - 1. The caller checks those bounds
+(`matmul._fast` does, once per call); the IR itself does not.
+
+Arithmetic (numerics="fast"; kernels/matmul.py states the contract): every weight value is the exact f32
+of refimpl.dequantize -- Q4_0 (q-8)*d, Q5_0 (q-16)*d, Q8_0 q*d (exact products: an f16 scale times a
+small integer), Q4_1 / Q5_1 fl(q*d + m) by one fused multiply-add, which equals the decoder's
+fl(fl(q*d) + m) because q*d is exact -- multiplied into lane t % 32 with one rounding; the 32 lanes are
+added pairwise at the end of the row.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+_I8, _I16, _I32, _F16, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.HalfType(), ir.FloatType()
+_V32F = ir.VectorType(_F32, 32)
+_V32I8 = ir.VectorType(_I8, 32)
+_V16I8 = ir.VectorType(_I8, 16)
+_V32I32 = ir.VectorType(_I32, 32)
+
+
+def _splat(builder, value, vty):
+    """vty with every element `value` (an SSA value of its element type)."""
+    v = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(_I32, vty.count),
+                                                                                   [0] * vty.count))
+
+
+def _const_vec(vty, values):
+    return ir.Constant(vty, [ir.Constant(vty.element, v) for v in values])
+
+
+def _load(builder, base, off, ty):
+    """Load a value of type ty from byte address base + off (no alignment assumed)."""
+    p = builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), off)]), ty.as_pointer())
+    return builder.load(p, align=1)
+
+
+def _f16(builder, base, off):
+    """The little-endian f16 at base + off as f32 (exact; fpext of half)."""
+    return builder.fpext(builder.bitcast(_load(builder, base, off, _I16), _F16), _F32)
+
+
+def _nibbles(builder, base, off):
+    """16 bytes at base + off -> <32 x i8>: elements 0..15 the low nibbles, 16..31 the high ones."""
+    qs = _load(builder, base, off, _V16I8)
+    lo = builder.and_(qs, _const_vec(_V16I8, [15] * 16))
+    hi = builder.lshr(qs, _const_vec(_V16I8, [4] * 16))
+    return builder.shuffle_vector(lo, hi, _const_vec(ir.VectorType(_I32, 32), list(range(32))))
+
+
+def _high_bits(builder, base, off):
+    """Q5 qh: the little-endian u32 at base + off -> <32 x i8> with bit t of it, times 16, in element t."""
+    qh = _splat(builder, _load(builder, base, off, _I32), _V32I32)
+    bits = builder.and_(builder.lshr(qh, _const_vec(_V32I32, list(range(32)))), _const_vec(_V32I32, [1] * 32))
+    return builder.trunc(builder.shl(bits, _const_vec(_V32I32, [4] * 32)), _V32I8)
+
+
+def _fma(builder, a, b, c):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32F, [_V32F] * 3), "llvm.fma.v32f32")
+    return builder.call(fn, [a, b, c])
+
+
+# -- block decoders: (builder, block address) -> <32 x float> of the exact weight values -----------------------
+
+def _q4_0(b, p):
+    d = _splat(b, _f16(b, p, 0), _V32F)
+    q = b.sub(_nibbles(b, p, 2), _const_vec(_V32I8, [8] * 32))
+    return b.fmul(b.sitofp(q, _V32F), d)
+
+
+def _q4_1(b, p):
+    d, m = _splat(b, _f16(b, p, 0), _V32F), _splat(b, _f16(b, p, 2), _V32F)
+    return _fma(b, b.uitofp(_nibbles(b, p, 4), _V32F), d, m)
+
+
+def _q5_0(b, p):
+    d = _splat(b, _f16(b, p, 0), _V32F)
+    q = b.sub(b.or_(_nibbles(b, p, 6), _high_bits(b, p, 2)), _const_vec(_V32I8, [16] * 32))
+    return b.fmul(b.sitofp(q, _V32F), d)
+
+
+def _q5_1(b, p):
+    d, m = _splat(b, _f16(b, p, 0), _V32F), _splat(b, _f16(b, p, 2), _V32F)
+    q = b.or_(_nibbles(b, p, 8), _high_bits(b, p, 4))
+    return _fma(b, b.uitofp(q, _V32F), d, m)
+
+
+def _q8_0(b, p):
+    d = _splat(b, _f16(b, p, 0), _V32F)
+    return b.fmul(b.sitofp(_load(b, p, 2, _V32I8), _V32F), d)
+
+
+def _hsum32(builder, v):
+    """Sum of the 32 lanes, pairwise: halves added until one lane is left."""
+    n = 32
+    while n > 1:
+        n //= 2
+        mask = ir.VectorType(_I32, n)
+        lo = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(n))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(n, 2 * n))))
+        v = builder.fadd(lo, hi)
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+# Bytes ahead of the current block to prefetch: weights stream from memory once per token (SmolLM2's 60
+# Q4_1 matrices of 1536x576 cycled: 107-124 us a matrix without, 82-92 with 1024 bytes ahead, one core;
+# the decode of a token, two threads: 10.6-11.0 ms of weight products at 1024, 9.9-10.4 at 2048).
+PREFETCH = 2048
+
+
+def _prefetch(builder, ptr, ahead: int):
+    """llvm.prefetch (read, high locality, data) of the cache line `ahead` bytes past ptr: a hint, which
+    never faults, also past the end of the weights."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]),
+                                        "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.gep(ptr, [ir.Constant(ir.IntType(64), ahead)]), ir.Constant(_I32, 0),
+                      ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
+def _make(decode, type_size: int, name: str):
+    @intrinsic
+    def vdot(typingctx, W, i0, nb, x, x0):
+        if not (isinstance(W, types.Array) and W.dtype == types.uint8 and W.layout == "C"
+                and isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
+            return None
+        sig = types.float32(W, types.intp, types.intp, x, types.intp)
+
+        def codegen(context, builder, signature, args):
+            Wv, i0v, nbv, xv, x0v = args
+            wty, xty = signature.args[0], signature.args[3]
+            wp = context.make_array(wty)(context, builder, Wv).data
+            xp = context.make_array(xty)(context, builder, xv).data
+            ts = ir.Constant(i0v.type, type_size)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_V32F, [0.0] * 32))
+            with cgutils.for_range(builder, nbv) as loop:
+                blk = builder.gep(wp, [builder.mul(builder.add(i0v, loop.index), ts)])
+                _prefetch(builder, blk, PREFETCH)
+                w = decode(builder, blk)
+                xo = builder.add(x0v, builder.mul(loop.index, ir.Constant(i0v.type, 32)))
+                xs = builder.load(builder.bitcast(builder.gep(xp, [xo]), _V32F.as_pointer()), align=4)
+                builder.store(_fma(builder, w, xs, builder.load(acc)), acc)
+            return _hsum32(builder, builder.load(acc))
+        return sig, codegen
+    vdot.__name__ = vdot.__qualname__ = f"vdot_{name}"
+    return vdot
+
+
+vdot_q4_0 = _make(_q4_0, 18, "q4_0")
+vdot_q4_1 = _make(_q4_1, 20, "q4_1")
+vdot_q5_0 = _make(_q5_0, 22, "q5_0")
+vdot_q5_1 = _make(_q5_1, 24, "q5_1")
+vdot_q8_0 = _make(_q8_0, 34, "q8_0")
+
+
+@intrinsic
+def vdot_f32(typingctx, A, a0, X, x0, k):
+    """Σ A[a0 + t] * X[x0 + t] over t < k, f32 operands and sums: 32 lanes with one rounding per product
+    (lane t % 32 for the first 32 * (k // 32) terms), added pairwise, then the rest in order. A and X
+    C-contiguous f32 of any shape (flat element offsets); the caller checks the bounds."""
+    if not all(isinstance(t, types.Array) and t.dtype == types.float32 and t.layout == "C" for t in (A, X)):
+        return None
+    sig = types.float32(A, types.intp, X, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        Av, a0v, Xv, x0v, kv = args
+        ap = context.make_array(signature.args[0])(context, builder, Av).data
+        xp = context.make_array(signature.args[2])(context, builder, Xv).data
+        c32 = ir.Constant(kv.type, 32)
+        nfull = builder.sdiv(kv, c32)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(_V32F, [0.0] * 32))
+        with cgutils.for_range(builder, nfull) as loop:
+            o = builder.mul(loop.index, c32)
+            av = builder.load(builder.bitcast(builder.gep(ap, [builder.add(a0v, o)]), _V32F.as_pointer()), align=4)
+            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(x0v, o)]), _V32F.as_pointer()), align=4)
+            builder.store(_fma(builder, av, xv, builder.load(acc)), acc)
+        s = cgutils.alloca_once_value(builder, _hsum32(builder, builder.load(acc)))
+        fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+        with cgutils.for_range(builder, builder.sub(kv, builder.mul(nfull, c32))) as loop:
+            t = builder.add(builder.mul(nfull, c32), loop.index)
+            av = builder.load(builder.gep(ap, [builder.add(a0v, t)]))
+            xv = builder.load(builder.gep(xp, [builder.add(x0v, t)]))
+            builder.store(builder.call(fma1, [av, xv, builder.load(s)]), s)
+        return builder.load(s)
+    return sig, codegen
