@@ -436,7 +436,11 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
                 else:                               # the tile's blocks, decoded in threads
                     nbk = w.shape[1]                   # blocks per row
                     blocks = w2[lo * nbk:hi * nbk]
-                    t32 = quants.dequantize_into(tid, blocks, np.empty((blocks.shape[0], k // nbk), np.float32))
+                    t32 = np.empty((blocks.shape[0], k // nbk), np.float32)
+                    if fast and tid in FAST:        # vector decode, this thread (see the section notes)
+                        quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())
+                    else:
+                        quants.dequantize_into(tid, blocks, t32)
                 o[..., lo:hi] = bsx @ t32.reshape(hi - lo, k).astype(dt, copy=False).T
     nd = max(len(b.shape), 2)
     return out.reshape(out.shape[4 - nd:])

@@ -30,6 +30,7 @@ from numba.np.ufunc import parallel as _numba_parallel
 from ..ops._core import implements
 from ..quants import DEQUANTIZERS
 from ..types import GGMLType, traits
+from . import simd
 from ._common import f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, n_threads, parallel_ranges
 
 _TWO_M24 = np.float32(2.0 ** -24)
@@ -151,16 +152,24 @@ def _dq_bf16(src, out, lo, hi, T):
 
 
 # -- 32-element legacy formats ---------------------------------------------------------------------------
+# Q4_0 Q4_1 Q5_0 Q5_1 Q8_0: each block one vector decode of kernels/simd.py (`vdec_<type>`: the weight
+# values of the fast decode dot, stored), the same f32 expressions as the NumPy dequantizers: (q - 8) * d,
+# (q - 16) * d, q * d (exact products) and q * d + m by one fused rounding, equal to the two roundings of
+# the reference because q * d is exact; a NaN min takes `_nan_min` as before.
+
+@njit(inline="always")
+def _vcheck(src, out, lo, hi, ts):
+    """The bounds the vector decoders rely on (they read and write raw addresses)."""
+    if (lo < 0 or hi > src.shape[0] or hi > out.shape[0] or src.shape[1] != ts or out.shape[1] != 32
+            or src.strides[1] != 1 or out.strides[1] != 4):
+        raise ValueError("dequantize kernel: blocks and output do not match")
+
 
 @njit(cache=True, nogil=True)
 def _dq_q4_0(src, out, lo, hi, T):
-    R = out.shape[1]            # = 32, but a run-time value (see _rt)
+    _vcheck(src, out, lo, hi, 18)
     for i in range(lo, hi):
-        d = _f16(src, i, 0)
-        for j in range(_rt(16, R, 32)):
-            b = src[i, 2 + j]
-            out[i, j] = (np.float32(b & 15) - np.float32(8)) * d
-            out[i, j + 16] = (np.float32(b >> 4) - np.float32(8)) * d
+        simd.vdec_q4_0(src, i, out, i)
 
 
 @njit
@@ -181,59 +190,36 @@ def _nan_min(src, i, qs, qh_at, d, m, out):
 
 @njit(cache=True, nogil=True)
 def _dq_q4_1(src, out, lo, hi, T):
-    R = out.shape[1]            # = 32, but a run-time value (see _rt)
+    _vcheck(src, out, lo, hi, 20)
     for i in range(lo, hi):
-        d = _f16(src, i, 0)
+        simd.vdec_q4_1(src, i, out, i)
         m = _f16(src, i, 2)
         if m != m:
-            _nan_min(src, i, 4, -1, d, m, out)
-            continue
-        for j in range(_rt(16, R, 32)):
-            b = src[i, 4 + j]
-            out[i, j] = np.float32(b & 15) * d + m
-            out[i, j + 16] = np.float32(b >> 4) * d + m
+            _nan_min(src, i, 4, -1, _f16(src, i, 0), m, out)
 
 
 @njit(cache=True, nogil=True)
 def _dq_q5_0(src, out, lo, hi, T):
-    R = out.shape[1]            # = 32, but a run-time value (see _rt)
+    _vcheck(src, out, lo, hi, 22)
     for i in range(lo, hi):
-        d = _f16(src, i, 0)
-        qh = _u32(src, i, 2)
-        for j in range(_rt(16, R, 32)):
-            b = np.int64(src[i, 6 + j])
-            q0 = (b & 15) | (((qh >> j) & 1) << 4)
-            q1 = (b >> 4) | (((qh >> (j + 16)) & 1) << 4)
-            out[i, j] = (np.float32(q0) - np.float32(16)) * d
-            out[i, j + 16] = (np.float32(q1) - np.float32(16)) * d
+        simd.vdec_q5_0(src, i, out, i)
 
 
 @njit(cache=True, nogil=True)
 def _dq_q5_1(src, out, lo, hi, T):
-    R = out.shape[1]            # = 32, but a run-time value (see _rt)
+    _vcheck(src, out, lo, hi, 24)
     for i in range(lo, hi):
-        d = _f16(src, i, 0)
+        simd.vdec_q5_1(src, i, out, i)
         m = _f16(src, i, 2)
         if m != m:
-            _nan_min(src, i, 8, 4, d, m, out)
-            continue
-        qh = _u32(src, i, 4)
-        for j in range(_rt(16, R, 32)):
-            b = np.int64(src[i, 8 + j])
-            q0 = (b & 15) | (((qh >> j) & 1) << 4)
-            q1 = (b >> 4) | (((qh >> (j + 16)) & 1) << 4)
-            out[i, j] = np.float32(q0) * d + m
-            out[i, j + 16] = np.float32(q1) * d + m
+            _nan_min(src, i, 8, 4, _f16(src, i, 0), m, out)
 
 
 @njit(cache=True, nogil=True)
 def _dq_q8_0(src, out, lo, hi, T):
-    R = out.shape[1]            # = 32, but a run-time value (see _rt)
-    s, o = src[lo:hi], out[lo:hi]          # indexed from 0: no negative-index checks (see _flat_f16)
-    for i in range(s.shape[0]):
-        d = _f16(s, i, 0)
-        for j in range(_rt(32, R, 32)):
-            o[i, j] = _i8(s[i, 2 + j]) * d
+    _vcheck(src, out, lo, hi, 34)
+    for i in range(lo, hi):
+        simd.vdec_q8_0(src, i, out, i)
 
 
 @njit(cache=True, nogil=True)

@@ -195,3 +195,41 @@ def vdot_f32(typingctx, A, a0, X, x0, k):
             builder.store(builder.call(fma1, [av, xv, builder.load(s)]), s)
         return builder.load(s)
     return sig, codegen
+
+
+# -- block decoding: the same vectors stored (refimpl.dequantize's values) ----------------------------------
+
+def _row_address(context, builder, aryty, ary, i):
+    """Byte address of row i of a 2-D array (data + i * strides[0]); the caller checks i and the inner stride."""
+    a = context.make_array(aryty)(context, builder, ary)
+    stride0 = cgutils.unpack_tuple(builder, a.strides, 2)[0]
+    base = builder.bitcast(a.data, _I8.as_pointer())
+    return builder.gep(base, [builder.mul(i, stride0)])
+
+
+def _make_dec(decode, name: str):
+    @intrinsic
+    def vdec(typingctx, src, i, out, j):
+        if not (isinstance(src, types.Array) and src.dtype == types.uint8 and src.ndim == 2
+                and isinstance(out, types.Array) and out.dtype == types.float32 and out.ndim == 2):
+            return None
+        sig = types.none(src, types.intp, out, types.intp)
+
+        def codegen(context, builder, signature, args):
+            s, iv, o, jv = args
+            blk = _row_address(context, builder, signature.args[0], s, iv)
+            dst = _row_address(context, builder, signature.args[2], o, jv)
+            builder.store(decode(builder, blk), builder.bitcast(dst, _V32F.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    vdec.__name__ = vdec.__qualname__ = f"vdec_{name}"
+    vdec.__doc__ = (f"Block src[i] ({name}, row-contiguous bytes) decoded into out[j, :32] (f32, row-contiguous):"
+                    " the vector of vdot_{name}. The caller checks i, j and both inner strides.")
+    return vdec
+
+
+vdec_q4_0 = _make_dec(_q4_0, "q4_0")
+vdec_q4_1 = _make_dec(_q4_1, "q4_1")
+vdec_q5_0 = _make_dec(_q5_0, "q5_0")
+vdec_q5_1 = _make_dec(_q5_1, "q5_1")
+vdec_q8_0 = _make_dec(_q8_0, "q8_0")

@@ -4,8 +4,8 @@ Versions:
     _soft_max  w = fl(a*scale), then with a mask fl(f64(w) + f64(slope_h) * f64(mask)); M = the row's
                NaN-propagating max (and the sink's); e = fl(exp(f64(fl(w - M)))); Σe in f64 (NumPy's
                pairwise order, plus the sink's term); out = e * fl(1/Σ)
-Rows are split over threads. exp is libm's f64 exp rounded to f32, as the reference's NumPy f64 exp
-rounded to f32: both are within an f64 ulp, so the f32 values agree except where that ulp straddles an
+Rows are split over threads. exp is libm's f64 exp rounded to f32 (`vexp.exp32_into`: vectorized, the same
+bits), as the reference's NumPy f64 exp rounded to f32: both are within an f64 ulp, so the f32 values agree except where that ulp straddles an
 f32 rounding boundary. Inputs other than a C-contiguous f32 a (and f16/f32 mask, f32 sinks) run the
 NumPy reference, which also raises its errors.
 """
@@ -18,6 +18,7 @@ from ..ops import softmax as ref_sm
 from ..ops._core import register
 from ..ops._shapes import ne4
 from ._common import pairwise_sum_f64, parallel_ranges
+from .vexp import exp32_into
 
 PAR_MIN = 1 << 14       # elements per thread at least
 
@@ -51,7 +52,8 @@ def _soft_max(a, na1, na2, mask, has_mask, slopes, sinks, has_sinks, scale, out,
         if has_sinks and (sk > M or sk != sk) and M == M:
             M = sk
         for i in range(n):
-            e[i] = np.float32(np.exp(np.float64(e[i] - M)))
+            e[i] = e[i] - M
+        exp32_into(e, e, n)
         total = pairwise_sum_f64(e, 0, n)
         if has_sinks:
             total = total + np.float64(np.float32(np.exp(np.float64(sk - M))))

@@ -4,8 +4,9 @@ Versions:
     silu    x / (1 + fl(exp(f64(-x))))                                  (refimpl.ops.elementwise._silu)
     gelu    0 if x <= -10, x if x >= 10, else T[f16 bits of x] as f32   (T = elementwise.gelu_table())
     swiglu  silu(x) * g;   geglu  0 if x <= -10, x*g if x >= 10, else T[fl16(x)] * g
-Elements are split over threads. exp is libm's f64 exp rounded to f32 where the reference rounds NumPy's
-f64 exp: the f32 values agree except where their f64 ulp straddles an f32 rounding boundary. f16 / bf16
+Elements are split over threads. exp is `vexp.exp32_into` (vectorized, libm's f64 exp rounded to f32 bit
+for bit) where the reference rounds NumPy's f64 exp: the f32 values agree except where their f64 ulp
+straddles an f32 rounding boundary. f16 / bf16
 inputs and non-contiguous layouts run the NumPy reference.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..ops._core import register
 from ..ops._shapes import ne4
 from ..quants._common import f16_to_f32
 from ._common import f16_bits, parallel_ranges
+from .vexp import exp32_into
 
 PAR_MIN = 1 << 16       # elements per thread at least
 SILU, GELU = 0, 1
@@ -29,11 +31,6 @@ SILU, GELU = 0, 1
 def gelu_table_f32() -> np.ndarray:
     """elementwise.gelu_table() widened to f32 as the reference's lookup does (f16_to_f32)."""
     return np.ascontiguousarray(f16_to_f32(ref_ew.gelu_table()))
-
-
-@njit(inline="always")
-def _silu(x):
-    return x / (np.float32(1.0) + np.float32(np.exp(np.float64(-x))))
 
 
 @njit(inline="always")
@@ -48,9 +45,12 @@ def _gelu(x, tab):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _unary(kind, x, tab, out, lo, hi):
     xs, o = x[lo:hi], out[lo:hi]           # indices from 0: no negative-index checks, so LLVM vectorizes
-    if kind == SILU:
+    if kind == SILU:                       # o = fl(exp(-x)) (vexp: libm's bits), then x / (1 + o)
         for i in range(xs.size):
-            o[i] = _silu(xs[i])
+            o[i] = -xs[i]
+        exp32_into(o, o, xs.size)
+        for i in range(xs.size):
+            o[i] = xs[i] / (np.float32(1.0) + o[i])
     else:
         for i in range(xs.size):
             o[i] = _gelu(xs[i], tab)
@@ -61,11 +61,17 @@ def _glu(kind, x, g, tab, out, lo, hi):
     """Rows lo..hi-1 of x, g (rows, n) (views into a's halves or a and b) into out (rows, n)."""
     n = out.shape[1]
     for r in range(lo, hi):
+        if kind == SILU:                   # silu(x) * g, the row's exps vectorized (vexp)
+            xr, gr, o = x[r], g[r], out[r]
+            for i in range(n):
+                o[i] = -xr[i]
+            exp32_into(o, o, n)
+            for i in range(n):
+                o[i] = xr[i] / (np.float32(1.0) + o[i]) * gr[i]
+            continue
         for i in range(n):
             v = x[r, i]
-            if kind == SILU:
-                out[r, i] = _silu(v) * g[r, i]
-            elif v <= np.float32(-10.0):
+            if v <= np.float32(-10.0):
                 out[r, i] = np.float32(0.0)
             elif v >= np.float32(10.0):
                 out[r, i] = v * g[r, i]

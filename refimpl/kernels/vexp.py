@@ -1,0 +1,129 @@
+"""fl32(exp(f64(x))) for f32 x, vectorized, with the bits of libm's f64 exp rounded to f32.
+
+The reference (and the scalar kernels before this) computes an f32 exp as libm's / NumPy's f64 exp
+rounded once to f32 -- one call per element, ~6-10 ns, most of a prefill's soft_max_ext and swiglu.
+`exp32_into` computes the same f32 values in two passes:
+
+1. a loop LLVM vectorizes: k = nearest integer to x / ln 2 (the 1.5 * 2^52 rounding trick, exact for
+   |x| < 2^51), r = (x - k * LN2_HI) - k * LN2_LO (k * LN2_HI exact: LN2_HI has 32 significant bits and
+   |k| < 2^8; the first difference is exact, the second rounds once), e^r by its degree-13 Taylor
+   polynomial on |r| <= ln 2 / 2 (truncation < 2^-57 relative), scaled by 2^k through the exponent
+   bits. The result y is within 4 f64 ulps of e^x (Horner rounding included: < 2^-50 relative).
+2. y decides the f32 rounding unless it lies within 2^6 f64 ulps of an f32 rounding boundary (the 29
+   bits f32 drops are within 2^6 of one half) or x lies in [-104, -87) or (88, 89] (f32 subnormals, the
+   edge of overflow) or is NaN; those elements (about one in 4 million for ordinary inputs, besides the
+   range cases) are recomputed as fl32(libm exp(f64 x)). Below -104 (a masked -inf) the result is 0 and
+   above 89 inf, without libm.
+
+Why that gives libm's bits: libm's exp is within 1 ulp of e^x and y within 4, so the two differ by at
+most 5 f64 ulps; an f32 rounding boundary between them would lie within 5 ulps of y, and every y that
+close to one (2^6 ulps margin) took the libm path. tests/kernels/test_vexp.py checks it against NumPy's
+f64 exp on 10^7 drawn and on special inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+LN2_HI = 6.93147180369123816490e-01          # fdlibm's split of ln 2: 32 significant bits
+LN2_LO = 1.90821492927058770002e-10
+INV_LN2 = 1.44269504088896338700e+00
+ROUND = 6755399441055744.0                   # 1.5 * 2^52: t + ROUND - ROUND rounds t to an integer
+MARGIN = 64                                  # f64 ulps around an f32 rounding boundary that go to libm
+LO29 = (1 << 29) - 1
+HALF29 = 1 << 28
+
+
+@intrinsic
+def _bits(typingctx, x):
+    """The bits of an f64 as int64."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _from_bits(typingctx, i):
+    """The f64 with bits i (int64)."""
+    if i != types.int64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(types.int64), codegen
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma.f64: vfmadd on the host, vectorized with the loop)."""
+    if not (a == b == c == types.float64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f = ir.DoubleType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f, [f, f, f]), "llvm.fma.f64")
+        return builder.call(fn, args)
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+_ROUND_BITS = 0x4338000000000000              # _bits(ROUND)
+
+
+@njit(inline="always")
+def _exp_poly(x):
+    """(y, ok): y within 4 ulps of e^x for f64 x in [-87, 88], ok = y decides fl32(e^x) (see the module);
+    below -104 (-inf too) y = 0 and above 89 (+inf too) y = inf, which are fl32(e^x) there (e^-104 < 2^-150,
+    half the smallest f32 subnormal; e^89 > the f32 overflow threshold)."""
+    t = x * INV_LN2 + ROUND                       # rounded twice: k is an integer, all it needs
+    kb = _bits(t) - _ROUND_BITS                  # k = round(x / ln 2), from t's low bits
+    k = t - ROUND
+    r = (x - k * LN2_HI) - k * LN2_LO
+    p = 1.0 / 6227020800.0
+    p = _fma(p, r, 1.0 / 479001600.0)
+    p = _fma(p, r, 1.0 / 39916800.0)
+    p = _fma(p, r, 1.0 / 3628800.0)
+    p = _fma(p, r, 1.0 / 362880.0)
+    p = _fma(p, r, 1.0 / 40320.0)
+    p = _fma(p, r, 1.0 / 5040.0)
+    p = _fma(p, r, 1.0 / 720.0)
+    p = _fma(p, r, 1.0 / 120.0)
+    p = _fma(p, r, 1.0 / 24.0)
+    p = _fma(p, r, 1.0 / 6.0)
+    p = _fma(p, r, 0.5)
+    p = _fma(p, r, 1.0)
+    p = _fma(p, r, 1.0)
+    y = p * _from_bits((kb + 1023) << 52)
+    low = (_bits(y) & LO29) - HALF29
+    plain = (x >= -87.0) & (x <= 88.0)
+    ok = (plain & ((low > MARGIN) | (low < -MARGIN))) | (x < -104.0) | (x > 89.0)
+    y = 0.0 if x < -104.0 else (np.inf if x > 89.0 else y)
+    return y, ok
+
+
+@njit(inline="always")
+def exp32_into(src, dst, n):
+    """dst[i] = fl32(exp(f64(src[i]))) for i < n (src, dst f32; may be the same array), libm's bits.
+    Returns the number of elements that took libm's path."""
+    bad = 0
+    for i in range(n):
+        y, ok = _exp_poly(np.float64(src[i]))
+        dst[i] = np.float32(y)
+        bad += 0 if ok else 1
+    if bad:
+        for i in range(n):
+            y, ok = _exp_poly(np.float64(src[i]))
+            if not ok:
+                dst[i] = np.float32(np.exp(np.float64(src[i])))
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def exp32(src, dst):
+    """`exp32_into` over whole 1-D arrays (for tests and NumPy callers)."""
+    return exp32_into(src, dst, src.shape[0])
