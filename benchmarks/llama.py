@@ -18,7 +18,7 @@ Threads: llama.cpp's n_threads; for refimpl OPENBLAS_NUM_THREADS = OMP_NUM_THREA
 BLAS does the mat-muls; everything else is single-threaded NumPy).
 
 The prompt is the first --prompt token ids of a fixed English text (refimpl's tokenizer, the same ids for
-every engine). After one untimed warm-up (8 tokens, then 1), each engine runs
+every engine). After one untimed warm-up (16 tokens, then 1), each engine runs
   prefill   one forward over the whole prompt, then the argmax of the last position's logits
   decode    --gen single-token forwards, each fed the previous argmax (greedy), argmax after each
 Time is measured two ways for each phase: wall clock (time.perf_counter) and CPU time of the process
@@ -91,9 +91,9 @@ def run_refimpl(path: str, ids: list[int], n_gen: int, dequantize: bool) -> dict
     base = rss()
     model, load_s, _ = timed(lambda: llama.load(path, dequantize_weights=dequantize))
     n_vocab = model.hparams.n_vocab
-    warm = llama.new_cache(model, 16)
-    llama.forward(model, ids[:8], warm, last_only=True)
-    llama.forward(model, ids[8:9], warm)
+    warm = llama.new_cache(model, 24)                 # 16 tokens: the prefill path (more rows than a
+    llama.forward(model, ids[:16], warm, last_only=True)   # decode product takes) is compiled here too
+    llama.forward(model, ids[16:17], warm)
     cache = llama.new_cache(model, len(ids) + n_gen + 1)
 
     def prefill():

@@ -42,6 +42,8 @@ from ._common import _PREFIX, n_threads, parallel_ranges
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
 GEMV_MIN_MACS = 1 << 18  # multiply-adds per thread at least (Python thread pool)
 PAR_MIN_MACS = 1 << 15   # the same for the prange drivers (a launch costs ~5 us, not ~100)
+ATTN_PAR_MIN_MACS = 1 << 17  # attention decode products: multiply-adds per thread at least (SmolLM2 at ~150
+                         # cached tokens, 92k in all: 15 us on one thread, 30-40 split in a prange)
 FAST_BLAS_MIN = 1 << 18  # fast decode: f32 weights of at least this many elements go to BLAS sgemv (see below)
 FAST_TILE = 1 << 20      # fast prefill: weight elements per f32 tile (4 MB; SmolLM2's matrices in one tile,
                          # one decode and one sgemm each: a 64-row remainder tile ran sgemm at half speed)
@@ -322,7 +324,7 @@ def _attn_decode(a, b, fast: bool):
             and a.flags.c_contiguous and b.flags.c_contiguous):
         return None
     out = np.empty((H, m, n), np.float32)
-    split = _split(H, max(1, PAR_MIN_MACS // (n * k * m)))
+    split = _split(H, max(1, ATTN_PAR_MIN_MACS // (n * k * m)))
     if fast:
         kern, par, B = _attn_fast, _par_attn_fast, b
     else:
