@@ -357,6 +357,20 @@ def _decode_blocks(tid: int, W2, nbk: int, B, out, fast: bool):
     return out
 
 
+_TLS = threading.local()
+
+
+def _tile(nblocks: int, blck: int) -> np.ndarray:
+    """This thread's f32 buffer for one decoded weight tile, (nblocks, blck), reused from call to call: a fresh
+    4 MB array per weight matrix cost a prefill its page faults again (SmolLM2's first 128-token prefill after a
+    16-token warm-up ran ~60 ms longer in mul_mat than the next one). Only the caller's sgemm reads it."""
+    need = nblocks * blck
+    buf = getattr(_TLS, "tile", None)
+    if buf is None or buf.size < need:
+        buf = _TLS.tile = np.empty(need, np.float32)
+    return buf[:need].reshape(nblocks, blck)
+
+
 def _covered(a, b) -> bool:
     """The inputs this kernel computes: the reference's checks all pass (so it would not raise), b f32."""
     if isinstance(b, QTensor) or b.dtype != np.float32 or b.ndim > 4 or not ref_mm._rows_packed(b):
@@ -435,15 +449,18 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
                 hi = min(lo + rows, n)
                 if tid is None:
                     t32 = w[lo:hi]
-                else:                               # the tile's blocks, decoded in threads
+                else:                               # the tile's blocks, decoded
                     nbk = w.shape[1]                   # blocks per row
                     blocks = w2[lo * nbk:hi * nbk]
-                    t32 = np.empty((blocks.shape[0], k // nbk), np.float32)
+                    t32 = _tile(blocks.shape[0], k // nbk)
                     if fast and tid in FAST:        # vector decode, this thread (see the section notes)
                         quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())
                     else:
                         quants.dequantize_into(tid, blocks, t32)
-                o[..., lo:hi] = bsx @ t32.reshape(hi - lo, k).astype(dt, copy=False).T
+                if fast:                            # sgemm straight into the output
+                    np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
+                else:
+                    o[..., lo:hi] = bsx @ t32.reshape(hi - lo, k).astype(dt, copy=False).T
     nd = max(len(b.shape), 2)
     return out.reshape(out.shape[4 - nd:])
 
@@ -453,8 +470,10 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
 # (LLVM IR: each 32-element block decoded as a vector -- the exact dequantized f32 values -- and multiplied
 # into 32 f32 lane sums with one rounding, the lanes added pairwise at the end of the row; 16-29 GFLOP/s a
 # core against 3.5-8 for the same loop written in Numba, which LLVM left mostly scalar). Other weight types
-# run the exact kernels (f64 sums: within fast's bound too). Prefill: f32 tiles decoded in threads, one BLAS
-# sgemm per tile. Every output is within gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u /
+# run the exact kernels (f64 sums: within fast's bound too). Attention's decode products (`_attn_fast`):
+# one `simd.vdot_f32` per output, all heads in one call. Prefill: f32 tiles, one BLAS sgemm per tile; the
+# vector-decoded types decode their tile on the calling thread (3-5 Gelem/s: a second thread from the pool
+# only competed with OpenBLAS's spinning workers), the others in threads. Every output is within gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u /
 # (1 - k u), u = 2^-24): the f32 products and sums of one dot, in any order.
 
 @njit(inline="always")

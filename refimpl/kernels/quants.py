@@ -152,10 +152,11 @@ def _dq_bf16(src, out, lo, hi, T):
 
 
 # -- 32-element legacy formats ---------------------------------------------------------------------------
-# Q4_0 Q4_1 Q5_0 Q5_1 Q8_0: each block one vector decode of kernels/simd.py (`vdec_<type>`: the weight
-# values of the fast decode dot, stored), the same f32 expressions as the NumPy dequantizers: (q - 8) * d,
-# (q - 16) * d, q * d (exact products) and q * d + m by one fused rounding, equal to the two roundings of
-# the reference because q * d is exact; a NaN min takes `_nan_min` as before.
+# Q4_1 Q5_0 Q5_1: each block one vector decode of kernels/simd.py (`vdec_<type>`: the weight values of the
+# fast decode dot, stored), the same f32 expressions as the NumPy dequantizers: (q - 16) * d (an exact
+# product) and q * d + m by one fused rounding, equal to the two roundings of the reference because q * d is
+# exact; a NaN min takes `_nan_min` as before. 4.2-5.2 Gelem/s a core against 3.3-4.2 for the loops
+# (Q4_0 and Q8_0 keep their loops, which LLVM vectorizes whole: 5.1 Gelem/s against 3.8 block by block).
 
 @njit(inline="always")
 def _vcheck(src, out, lo, hi, ts):
@@ -167,9 +168,13 @@ def _vcheck(src, out, lo, hi, ts):
 
 @njit(cache=True, nogil=True)
 def _dq_q4_0(src, out, lo, hi, T):
-    _vcheck(src, out, lo, hi, 18)
+    R = out.shape[1]            # = 32, but a run-time value (see _rt)
     for i in range(lo, hi):
-        simd.vdec_q4_0(src, i, out, i)
+        d = _f16(src, i, 0)
+        for j in range(_rt(16, R, 32)):
+            b = src[i, 2 + j]
+            out[i, j] = (np.float32(b & 15) - np.float32(8)) * d
+            out[i, j + 16] = (np.float32(b >> 4) - np.float32(8)) * d
 
 
 @njit
@@ -217,9 +222,12 @@ def _dq_q5_1(src, out, lo, hi, T):
 
 @njit(cache=True, nogil=True)
 def _dq_q8_0(src, out, lo, hi, T):
-    _vcheck(src, out, lo, hi, 34)
-    for i in range(lo, hi):
-        simd.vdec_q8_0(src, i, out, i)
+    R = out.shape[1]            # = 32, but a run-time value (see _rt)
+    s, o = src[lo:hi], out[lo:hi]          # indexed from 0: no negative-index checks (see _flat_f16)
+    for i in range(s.shape[0]):
+        d = _f16(s, i, 0)
+        for j in range(_rt(32, R, 32)):
+            o[i, j] = _i8(s[i, 2 + j]) * d
 
 
 @njit(cache=True, nogil=True)

@@ -228,8 +228,6 @@ def _make_dec(decode, name: str):
     return vdec
 
 
-vdec_q4_0 = _make_dec(_q4_0, "q4_0")
 vdec_q4_1 = _make_dec(_q4_1, "q4_1")
 vdec_q5_0 = _make_dec(_q5_0, "q5_0")
 vdec_q5_1 = _make_dec(_q5_1, "q5_1")
-vdec_q8_0 = _make_dec(_q8_0, "q8_0")
