@@ -7,7 +7,7 @@ Parts, in the order they run (each measurement in its own fresh interpreter, one
     quants      dequantize / quantize Melem/s per type: refimpl numba, refimpl numpy, gguf-py, ggml C
                 (ggml-python, one thread); benchmarks/kernels.py's measurements
     mul_mat     GFLOP/s of a weight (n, k) times m = 1 (decode) / 128 (prefill) f32 rows, F32 F16 Q4_0 Q4_1
-                Q8_0 Q4_K Q6_K, SmolLM2's shapes and 4096x4096: refimpl numba vs ggml
+                Q8_0 Q4_K Q6_K, SmolLM2's shapes and 4096x4096: refimpl numba (exact and fast) vs ggml
     llama       SmolLM2-135M Q4_1 prefill / decode tokens/s: refimpl (numba exact, numba fast, numpy) vs llama.cpp
                 (llama-cpp-python), one process per engine; benchmarks/llama.py's child
     bert        all-MiniLM-L6-v2 sentences/s, batches of 32: refimpl (numba exact, numba fast, numpy) vs
@@ -197,7 +197,8 @@ def child_mul_mat(job: dict) -> dict:
                     key = f"{t}|{n}|{k}|{m}|{th}"
                     try:
                         numba.set_num_threads(th)
-                        fns = {"numba": K._under("numba", lambda: refimpl.mul_mat(a, b))}
+                        fns = {"numba": K._under("numba", lambda: refimpl.mul_mat(a, b)),
+                               "numba fast": K._under("numba", lambda: refimpl.mul_mat(a, b, numerics="fast"))}
                         if gm:
                             fns["ggml"] = lambda th=th: gm(th)
                         with K._blas_threads(threadpool_limits, th):
@@ -382,9 +383,10 @@ def part_mul_mat(cfg: Config, notes: list) -> list[Row]:
     for key, v in r["rates"].items():
         t, n, k, m, th = key.split("|")
         phase = "decode" if m == "1" else "prefill"
-        rows.append(Row("mul_mat", f"{t} weight {n}x{k}, m={m} ({phase}), GFLOP/s", "refimpl numba",
-                        v.get("numba", "—"), "ggml C", v.get("ggml", na), th, f"{mib(r)} (one process)",
-                        key=f"mul_mat {t}", exact=not cfg.quick))
+        for eng in ("numba", "numba fast"):
+            rows.append(Row("mul_mat", f"{t} weight {n}x{k}, m={m} ({phase}), GFLOP/s", f"refimpl {eng}",
+                            v.get(eng, "—"), "ggml C", v.get("ggml", na), th, f"{mib(r)} (one process)",
+                            key=f"mul_mat {t}", exact=not cfg.quick))
     for key, err in r["errors"].items():
         t, n, k, m, th = key.split("|")
         rows.append(Row("mul_mat", f"{t} weight {n}x{k}, m={m}", "refimpl numba", f"error: {err}", "ggml C", "—", th))

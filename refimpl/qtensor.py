@@ -179,18 +179,24 @@ def quantize(x, type, *, method: str = "chunk") -> QTensor:
     return QTensor(t, raw.reshape(x.shape[:-1] + (n // tr.blck_size * tr.type_size,)), x.shape)
 
 
+_DQ: dict = {}
+
+
 def dequantize(qt) -> np.ndarray:
     """Float32 values of a QTensor, bit-exact with ggml's `to_float` for its type.
 
     A plain ndarray is returned as float32 (F16/F32/F64 values converted exactly where possible).
     """
-    from .ops._core import kernel_for
-    from .quants import DEQUANTIZERS
-    from .quants._common import CHUNK
     if not isinstance(qt, QTensor):
         return np.asarray(qt, dtype=np.float32)
+    if not _DQ:                                 # imported on first use (refimpl.quants imports this module)
+        from .ops._core import kernel_for
+        from .quants import DEQUANTIZERS
+        from .quants._common import CHUNK
+        _DQ.update(kernel_for=kernel_for, DEQUANTIZERS=DEQUANTIZERS, CHUNK=CHUNK)
+    kernel_for, CHUNK = _DQ["kernel_for"], _DQ["CHUNK"]
     tr = traits(qt.type)
-    fn = DEQUANTIZERS.get(qt.type)
+    fn = _DQ["DEQUANTIZERS"].get(qt.type)
     if fn is None:
         raise ValueError(f"ggml type {tr.name} has no dequantizer")
     nb = qt.shape[-1] // tr.blck_size
