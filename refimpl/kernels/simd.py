@@ -231,3 +231,50 @@ def _make_dec(decode, name: str):
 vdec_q4_1 = _make_dec(_q4_1, "q4_1")
 vdec_q5_0 = _make_dec(_q5_0, "q5_0")
 vdec_q5_1 = _make_dec(_q5_1, "q5_1")
+
+
+# -- exact numerics: the same vectors, f64 lanes ------------------------------------------------------------
+
+_V32D = ir.VectorType(ir.DoubleType(), 32)
+
+
+def _make_f64(decode, type_size: int, name: str):
+    @intrinsic
+    def vdot64(typingctx, W, i0, nb, x, x0):
+        if not (isinstance(W, types.Array) and W.dtype == types.uint8 and W.layout == "C"
+                and isinstance(x, types.Array) and x.dtype == types.float64 and x.layout == "C"):
+            return None
+        sig = types.float64(W, types.intp, types.intp, x, types.intp)
+
+        def codegen(context, builder, signature, args):
+            Wv, i0v, nbv, xv, x0v = args
+            wp = context.make_array(signature.args[0])(context, builder, Wv).data
+            xp = context.make_array(signature.args[3])(context, builder, xv).data
+            ts = ir.Constant(i0v.type, type_size)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32D, [_V32D] * 3),
+                                                 "llvm.fma.v32f64")
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_V32D, [0.0] * 32))
+            with cgutils.for_range(builder, nbv) as loop:
+                blk = builder.gep(wp, [builder.mul(builder.add(i0v, loop.index), ts)])
+                _prefetch(builder, blk, PREFETCH)
+                w = builder.fpext(decode(builder, blk), _V32D)
+                xo = builder.add(x0v, builder.mul(loop.index, ir.Constant(i0v.type, 32)))
+                xs = builder.load(builder.bitcast(builder.gep(xp, [xo]), _V32D.as_pointer()), align=8)
+                builder.store(builder.call(fma, [w, xs, builder.load(acc)]), acc)
+            v = builder.load(acc)
+            s = ir.Constant(ir.DoubleType(), 0.0)
+            for t in range(32):                 # lane order, from 0.0: matmul._dot_f64's final sum
+                s = builder.fadd(s, builder.extract_element(v, ir.Constant(_I32, t)))
+            return s
+        return sig, codegen
+    vdot64.__name__ = vdot64.__qualname__ = f"vdot64_{name}"
+    vdot64.__doc__ = (f"vdot_{name} for exact numerics: x f64, 32 f64 lanes (the f32 weight times the f64 value "
+                      "is exact, so each fused multiply-add rounds only the sum), lanes added in order from 0.0")
+    return vdot64
+
+
+vdot64_q4_0 = _make_f64(_q4_0, 18, "q4_0")
+vdot64_q4_1 = _make_f64(_q4_1, 20, "q4_1")
+vdot64_q5_0 = _make_f64(_q5_0, 22, "q5_0")
+vdot64_q5_1 = _make_f64(_q5_1, 24, "q5_1")
+vdot64_q8_0 = _make_f64(_q8_0, 34, "q8_0")

@@ -180,3 +180,27 @@ def test_fast_kernels_refuse_mismatched_operands():
     with pytest.raises(ValueError, match="do not match"):
         km._attn_fast(np.zeros((1, 3, 8), np.float32), np.zeros((2, 1, 9), np.float32),
                       np.empty((2, 1, 3), np.float32), 0, 2)                  # k differs
+
+
+@pytest.mark.parametrize("t", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_exact_vector_decode_is_the_buffered_decode(t, m):
+    """Exact decode for the 32-element types runs `simd.vdot64_<type>` (the block decoded as a vector, 32 f64
+    lanes, lanes added in order); the generic `_gemv` decodes rows into a buffer with the type's dequantizer
+    and sums the same exact products in the same lanes and order: identical bits, also with blocks of
+    extreme scales."""
+    from refimpl.types import GGMLType
+    rng = np.random.default_rng(m)
+    n, k = 70, 320
+    w = rng.standard_normal((n, k)).astype(np.float32) * np.float32(10.0) ** rng.integers(-6, 6, (n, 1))
+    a = _weight(t, w.astype(np.float32))
+    nb = k // 32
+    W2 = a.data.reshape(n * nb, -1)
+    B = rng.standard_normal((m, k)) * 10.0 ** rng.integers(-8, 8, (m, 1))
+    want, got = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+    T = kd.tables()
+    km._gemv(getattr(kd, f"_dq_{t}"), W2, nb, B, want, 0, n, T)
+    km.GEMV[int(GGMLType[t.upper()])](W2, nb, B, got, 0, n, T)
+    assert_bits_equal(got, want, f"exact vector decode {t}")
+    with pytest.raises(ValueError, match="do not match"):
+        km.GEMV[int(GGMLType[t.upper()])](W2, nb, np.ascontiguousarray(B[:, :32]), got, 0, n, T)  # row too short
