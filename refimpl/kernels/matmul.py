@@ -6,8 +6,9 @@ Versions (exact and fast numerics; numerics="ggml" and every case below not cove
              bits of refimpl.dequantize), each dotted with every row of b in f64 -- LANES f64 partial
              sums, rounded once to f32 (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0: the same lanes and sums through
              `simd.vdot64_<type>`, the block decoded in registers, `_gemv_simd`). The reference sums the
-             same exact f64 products with BLAS, in BLAS's order: results agree to the f64 rounding of the sum, i.e. identical f32 but where that
-             rounding straddles an f32 rounding boundary (NMSE ~1e-30; tolerance ("mul_mat", "*", "property")).
+             same exact f64 products with BLAS, in BLAS's order: results agree to the f64 rounding of the
+             sum, i.e. identical f32 but where that rounding straddles an f32 rounding boundary (NMSE
+             ~1e-30; tolerance ("mul_mat", "*", "property")).
     prefill  (more rows)  the reference's own computation -- TILE_ROWS weight rows at a time as f64, one
              BLAS `b @ w.T` per tile -- with the tile decoded by the Numba decoders in threads
              (`quants.dequantize_into`). Identical bits to the reference.
@@ -489,8 +490,9 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
 # run the exact kernels (f64 sums: within fast's bound too). Attention's decode products (`_attn_fast`):
 # one `simd.vdot_f32` per output, all heads in one call. Prefill: f32 tiles, one BLAS sgemm per tile; the
 # vector-decoded types decode their tile on the calling thread (3-5 Gelem/s: a second thread from the pool
-# only competed with OpenBLAS's spinning workers), the others in threads. Every output is within gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u /
-# (1 - k u), u = 2^-24): the f32 products and sums of one dot, in any order.
+# only competed with OpenBLAS's spinning workers), the others in threads. Every output is within
+# gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u / (1 - k u), u = 2^-24): the f32 products
+# and sums of one dot, in any order.
 
 @njit(inline="always")
 def _fast(vdot, ts, W, nb, B, out, lo, hi):

@@ -124,8 +124,8 @@ PREFETCH = 2048
 def _prefetch(builder, ptr, ahead: int):
     """llvm.prefetch (read, high locality, data) of the cache line `ahead` bytes past ptr: a hint, which
     never faults, also past the end of the weights."""
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]),
-                                        "llvm.prefetch.p0i8")
+    fnty = ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
     builder.call(fn, [builder.gep(ptr, [ir.Constant(ir.IntType(64), ahead)]), ir.Constant(_I32, 0),
                       ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 

@@ -5,9 +5,9 @@ Versions:
                NaN-propagating max (and the sink's); e = fl(exp(f64(fl(w - M)))); Σe in f64 (NumPy's
                pairwise order, plus the sink's term); out = e * fl(1/Σ)
 Rows are split over threads. exp is libm's f64 exp rounded to f32 (`vexp.exp32_into`: vectorized, the same
-bits), as the reference's NumPy f64 exp rounded to f32: both are within an f64 ulp, so the f32 values agree except where that ulp straddles an
-f32 rounding boundary. Inputs other than a C-contiguous f32 a (and f16/f32 mask, f32 sinks) run the
-NumPy reference, which also raises its errors.
+bits), as the reference's NumPy f64 exp rounded to f32: both are within an f64 ulp, so the f32 values agree
+except where that ulp straddles an f32 rounding boundary. Inputs other than a C-contiguous f32 a (and
+f16/f32 mask, f32 sinks) run the NumPy reference, which also raises its errors.
 """
 from __future__ import annotations
 
