@@ -7,9 +7,17 @@ int -> f32 conversion, the type's f32 decode, one `llvm.fma.v32f32` into 32 f32 
 registers across the row -- and let LLVM pick the instructions for the host (AVX2: four ymm accumulators).
 The IR is target independent (no x86 intrinsics), so it compiles, slower, on any CPU Numba supports.
 
-`vdot_<type>(W, i0, nb, x, x0) -> f32`: W (blocks, type_size) uint8 C-contiguous, blocks i0 .. i0+nb-1
-one weight row; x f32 C-contiguous, elements x0 .. x0 + 32*nb - 1. The caller checks those bounds
-(`matmul._fast` does, once per call); the IR itself does not.
+Intrinsics (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 blocks unless noted):
+    vdot_<type>(W, i0, nb, x, x0) -> f32     fast numerics' decode dot: W (blocks, type_size) uint8
+                                             C-contiguous, blocks i0 .. i0+nb-1 one weight row; x f32
+                                             C-contiguous, elements x0 .. x0 + 32*nb - 1 (matmul._fast)
+    vdot64_<type>(W, i0, nb, x, x0) -> f64   exact numerics' decode dot: x f64, 32 f64 lanes added in lane
+                                             order, the bits of matmul._dot_f64 (matmul._gemv_simd)
+    vdec_<type>(src, i, out, j)              block src[i] decoded into out[j, :32] (Q4_1 Q5_0 Q5_1: the
+                                             dequantizers in quants.py)
+    vdot_f32(A, a0, X, x0, k) -> f32         f32 rows, 32 f32 lanes (attention's decode products)
+The callers check every bound the IR relies on (once per call); the IR itself does not, and its typing
+accepts only C-contiguous arrays, since it computes flat addresses.
 
 Arithmetic (numerics="fast"; kernels/matmul.py states the contract): every weight value is the exact f32
 of refimpl.dequantize -- Q4_0 (q-8)*d, Q5_0 (q-16)*d, Q8_0 q*d (exact products: an f16 scale times a
