@@ -138,31 +138,46 @@ def _prefetch(builder, ptr, ahead: int):
                       ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
 
-def _make(decode, type_size: int, name: str):
+def _make(decode, type_size: int, name: str, wide: bool = False):
+    """vdot_<name> (f32 activations and lanes, lanes added pairwise) or, wide, vdot64_<name> (f64
+    activations and lanes -- the f32 weight times the f64 value is exact, so each fused multiply-add rounds
+    only the sum -- lanes added in order from 0.0, as matmul._dot_f64 ends)."""
+    nty, lty = (types.float64, ir.DoubleType()) if wide else (types.float32, _F32)
+    vty = ir.VectorType(lty, 32)
+
     @intrinsic
     def vdot(typingctx, W, i0, nb, x, x0):
         if not (isinstance(W, types.Array) and W.dtype == types.uint8 and W.layout == "C"
-                and isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
+                and isinstance(x, types.Array) and x.dtype == nty and x.layout == "C"):
             return None
-        sig = types.float32(W, types.intp, types.intp, x, types.intp)
+        sig = nty(W, types.intp, types.intp, x, types.intp)
 
         def codegen(context, builder, signature, args):
             Wv, i0v, nbv, xv, x0v = args
-            wty, xty = signature.args[0], signature.args[3]
-            wp = context.make_array(wty)(context, builder, Wv).data
-            xp = context.make_array(xty)(context, builder, xv).data
+            wp = context.make_array(signature.args[0])(context, builder, Wv).data
+            xp = context.make_array(signature.args[3])(context, builder, xv).data
             ts = ir.Constant(i0v.type, type_size)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_V32F, [0.0] * 32))
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
+                                                 f"llvm.fma.v32{'f64' if wide else 'f32'}")
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * 32))
             with cgutils.for_range(builder, nbv) as loop:
                 blk = builder.gep(wp, [builder.mul(builder.add(i0v, loop.index), ts)])
                 _prefetch(builder, blk, PREFETCH)
                 w = decode(builder, blk)
+                if wide:
+                    w = builder.fpext(w, vty)
                 xo = builder.add(x0v, builder.mul(loop.index, ir.Constant(i0v.type, 32)))
-                xs = builder.load(builder.bitcast(builder.gep(xp, [xo]), _V32F.as_pointer()), align=4)
-                builder.store(_fma(builder, w, xs, builder.load(acc)), acc)
-            return _hsum32(builder, builder.load(acc))
+                xs = builder.load(builder.bitcast(builder.gep(xp, [xo]), vty.as_pointer()), align=4)
+                builder.store(builder.call(fma, [w, xs, builder.load(acc)]), acc)
+            v = builder.load(acc)
+            if not wide:
+                return _hsum32(builder, v)
+            s = ir.Constant(lty, 0.0)
+            for t in range(32):
+                s = builder.fadd(s, builder.extract_element(v, ir.Constant(_I32, t)))
+            return s
         return sig, codegen
-    vdot.__name__ = vdot.__qualname__ = f"vdot_{name}"
+    vdot.__name__ = vdot.__qualname__ = f"vdot{'64' if wide else ''}_{name}"
     return vdot
 
 
@@ -243,46 +258,8 @@ vdec_q5_1 = _make_dec(_q5_1, "q5_1")
 
 # -- exact numerics: the same vectors, f64 lanes ------------------------------------------------------------
 
-_V32D = ir.VectorType(ir.DoubleType(), 32)
-
-
-def _make_f64(decode, type_size: int, name: str):
-    @intrinsic
-    def vdot64(typingctx, W, i0, nb, x, x0):
-        if not (isinstance(W, types.Array) and W.dtype == types.uint8 and W.layout == "C"
-                and isinstance(x, types.Array) and x.dtype == types.float64 and x.layout == "C"):
-            return None
-        sig = types.float64(W, types.intp, types.intp, x, types.intp)
-
-        def codegen(context, builder, signature, args):
-            Wv, i0v, nbv, xv, x0v = args
-            wp = context.make_array(signature.args[0])(context, builder, Wv).data
-            xp = context.make_array(signature.args[3])(context, builder, xv).data
-            ts = ir.Constant(i0v.type, type_size)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32D, [_V32D] * 3),
-                                                 "llvm.fma.v32f64")
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_V32D, [0.0] * 32))
-            with cgutils.for_range(builder, nbv) as loop:
-                blk = builder.gep(wp, [builder.mul(builder.add(i0v, loop.index), ts)])
-                _prefetch(builder, blk, PREFETCH)
-                w = builder.fpext(decode(builder, blk), _V32D)
-                xo = builder.add(x0v, builder.mul(loop.index, ir.Constant(i0v.type, 32)))
-                xs = builder.load(builder.bitcast(builder.gep(xp, [xo]), _V32D.as_pointer()), align=8)
-                builder.store(builder.call(fma, [w, xs, builder.load(acc)]), acc)
-            v = builder.load(acc)
-            s = ir.Constant(ir.DoubleType(), 0.0)
-            for t in range(32):                 # lane order, from 0.0: matmul._dot_f64's final sum
-                s = builder.fadd(s, builder.extract_element(v, ir.Constant(_I32, t)))
-            return s
-        return sig, codegen
-    vdot64.__name__ = vdot64.__qualname__ = f"vdot64_{name}"
-    vdot64.__doc__ = (f"vdot_{name} for exact numerics: x f64, 32 f64 lanes (the f32 weight times the f64 value "
-                      "is exact, so each fused multiply-add rounds only the sum), lanes added in order from 0.0")
-    return vdot64
-
-
-vdot64_q4_0 = _make_f64(_q4_0, 18, "q4_0")
-vdot64_q4_1 = _make_f64(_q4_1, 20, "q4_1")
-vdot64_q5_0 = _make_f64(_q5_0, 22, "q5_0")
-vdot64_q5_1 = _make_f64(_q5_1, 24, "q5_1")
-vdot64_q8_0 = _make_f64(_q8_0, 34, "q8_0")
+vdot64_q4_0 = _make(_q4_0, 18, "q4_0", wide=True)
+vdot64_q4_1 = _make(_q4_1, 20, "q4_1", wide=True)
+vdot64_q5_0 = _make(_q5_0, 22, "q5_0", wide=True)
+vdot64_q5_1 = _make(_q5_1, 24, "q5_1", wide=True)
+vdot64_q8_0 = _make(_q8_0, 34, "q8_0", wide=True)
