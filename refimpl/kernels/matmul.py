@@ -100,8 +100,8 @@ def _gemv_simd(vdot64, ts, W2, nb, B, out, lo, hi):
     as `_gemv` with the type's decoder (tested), 2x its speed; a Q4_1/Q5_1 block whose min is NaN gives NaN
     outputs either way, though perhaps another NaN payload. The bounds the IR relies on are checked here."""
     k = B.shape[1]
-    if (lo < 0 or hi > out.shape[1] or hi * nb > W2.shape[0] or W2.shape[1] != ts or 32 * nb != k
-            or out.shape[0] != B.shape[0]):
+    if hi > lo and (lo < 0 or hi > out.shape[1] or hi * nb > W2.shape[0] or W2.shape[1] != ts or 32 * nb != k
+                    or out.shape[0] != B.shape[0]):
         raise ValueError("mul_mat decode kernel: weight blocks, activation rows and output do not match")
     for r in range(lo, hi):
         for j in range(B.shape[0]):
@@ -499,8 +499,8 @@ def _fast(vdot, ts, W, nb, B, out, lo, hi):
     """out[j, r] = vdot(weight row r, B[j]) for r in lo..hi-1, every j; the bounds the IR relies on checked
     once here (W (rows * nb, ts) blocks, B (M, >= 32 * nb), out (M, >= hi))."""
     k = B.shape[1]
-    if (lo < 0 or hi > out.shape[1] or hi * nb > W.shape[0] or W.shape[1] != ts or 32 * nb > k
-            or out.shape[0] != B.shape[0]):
+    if hi > lo and (lo < 0 or hi > out.shape[1] or hi * nb > W.shape[0] or W.shape[1] != ts or 32 * nb > k
+                    or out.shape[0] != B.shape[0]):
         raise ValueError("mul_mat fast kernel: weight blocks, activation rows and output do not match")
     for r in range(lo, hi):
         for j in range(B.shape[0]):

@@ -118,8 +118,10 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     ("rms_norm_back", "f32", "ggml"): EXACT,
     ("soft_max_ext", "f32", "ggml"): Tol(nmse=1e-12, why="ggml-cpu's SIMD exp is within 1.5 ulp of expf; measured "
                                          "max NMSE 1.6e-14 (5 ulp) over 311 cases; tighter than ggml's 1e-6"),
-    ("soft_max_ext_back", "f32", "ggml"): Tol(nmse=1e-9, why="ggml-cpu's 8-lane f32 dot y.dy, then dy - dot cancels;"
-                                              " measured max NMSE 1.4e-11 over 304 cases; ggml's ceiling 1e-7"),
+    ("soft_max_ext_back", "f32", "ggml"): Tol(nmse=1e-7, why="ggml-cpu's 8-lane f32 dot y.dy, then dy - dot "
+                                              "cancels: the dot's f32 error (~u * sum|y dy|) over the difference; "
+                                              "a drawn row y ~ [0.9994, 0.0006] measured 2.6e-9 (typical rows "
+                                              "1e-11); ggml's own ceiling 1e-7"),
     ("soft_max_ext", "f32", "property"): Tol(nmse=1e-11, why="vs f64 softmax: f32 roundings of w, of w - M (an ulp "
                                              "of |w| in the exponent), of e and of 1/sum"),
     ("soft_max_ext_back", "f32", "property"): Tol(nmse=1e-11, why="vs f64 J^T dy, relative to the terms' size"),
