@@ -249,17 +249,24 @@ def _gemv_f32(W, B, out, lo, hi):
             out[j, r] = np.float32(_dot_f64(w, B[j], k, acc))
 
 
-@njit(cache=True, nogil=True)
-def _attn_exact(A, B, out, h0, h1):
-    """Attention's decode products for heads h0..h1-1: out[h, j, i] = f32(Σ f64 A[h // r, i] * B[h, j]),
-    A (G, n, k) f32 (the cache side), B (H, m, k) f64, out (H, m, n), r = H // G (ggml's broadcast of the
-    weight batch); `_gemv_f32`'s dot, so the bits of the per-batch path."""
+@njit(inline="always")
+def _attn_shapes(A, B, out, h0, h1):
+    """(G, n, k, m, r) of an attention product, A (G, n, k), B (H, m, k), out (H, m, n), heads h0..h1-1,
+    after checking them (the f32 kernel's IR reads flat addresses)."""
     G, n, k = A.shape
     H, m = B.shape[0], B.shape[1]
     if (G == 0 or H % G != 0 or B.shape[2] != k or out.shape[0] != H or out.shape[1] != m
             or out.shape[2] != n or h0 < 0 or h1 > H):
         raise ValueError("mul_mat attention kernel: operand shapes do not match")
-    r = H // G
+    return G, n, k, m, H // G
+
+
+@njit(cache=True, nogil=True)
+def _attn_exact(A, B, out, h0, h1):
+    """Attention's decode products for heads h0..h1-1: out[h, j, i] = f32(Σ f64 A[h // r, i] * B[h, j]),
+    A (G, n, k) f32 (the cache side), B (H, m, k) f64, out (H, m, n), r = H // G (ggml's broadcast of the
+    weight batch); `_gemv_f32`'s dot, so the bits of the per-batch path."""
+    G, n, k, m, r = _attn_shapes(A, B, out, h0, h1)
     acc = np.empty(LANES, np.float64)
     for h in range(h0, h1):
         g = h // r
@@ -271,12 +278,7 @@ def _attn_exact(A, B, out, h0, h1):
 @njit(cache=True, nogil=True)
 def _attn_fast(A, B, out, h0, h1):
     """`_attn_exact` in f32 (numerics="fast"): each output `simd.vdot_f32` of the two rows, B (H, m, k) f32."""
-    G, n, k = A.shape
-    H, m = B.shape[0], B.shape[1]
-    if (G == 0 or H % G != 0 or B.shape[2] != k or out.shape[0] != H or out.shape[1] != m
-            or out.shape[2] != n or h0 < 0 or h1 > H):
-        raise ValueError("mul_mat attention kernel: operand shapes do not match")
-    r = H // G
+    G, n, k, m, r = _attn_shapes(A, B, out, h0, h1)
     for h in range(h0, h1):
         g = h // r
         for j in range(m):
