@@ -5,7 +5,7 @@ Versions (exact and fast numerics; numerics="ggml" and every case below not cove
              rows; rows decoded eight at a time into an L1-sized f32 buffer (`quants._dq_<type>`, the
              bits of refimpl.dequantize), each dotted with every row of b in f64 -- LANES f64 partial
              sums, rounded once to f32 (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0: the same lanes and sums through
-             `simd.vdot64_<type>`, the block decoded in registers, `_gemv_simd`). The reference sums the
+             `simd.vdot64_<type>`, the block decoded in registers, `_vrows`). The reference sums the
              same exact f64 products with BLAS, in BLAS's order: results agree to the f64 rounding of the
              sum, i.e. identical f32 but where that rounding straddles an f32 rounding boundary (NMSE
              ~1e-30; tolerance ("mul_mat", "*", "property")).
@@ -94,18 +94,22 @@ def _gemv(dq, W2, nb, B, out, lo, hi, T):
 
 
 @njit(inline="always")
-def _gemv_simd(vdot64, ts, W2, nb, B, out, lo, hi):
-    """_gemv for Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 through the type's `simd.vdot64`: the same decoded values, the same
-    32 f64 lanes (element i of the row in lane i % 32) and the same final sum in lane order, so the same bits
-    as `_gemv` with the type's decoder (tested), 2x its speed; a Q4_1/Q5_1 block whose min is NaN gives NaN
-    outputs either way, though perhaps another NaN payload. The bounds the IR relies on are checked here."""
+def _vrows(vdot, ts, W, nb, B, out, lo, hi):
+    """out[j, r] = f32(vdot(weight row r, B[j])) for r in lo..hi-1, every j: a `simd.vdot_<type>` (fast
+    numerics, B f32) or `simd.vdot64_<type>` (exact, B f64). The bounds the IR relies on are checked here,
+    once a call (W (rows * nb, ts) blocks, B (M, >= 32 * nb), out (M, >= hi)).
+
+    Exact mode's vdot64 gives the bits of `_gemv` with the type's decoder -- the same decoded values, the
+    same 32 f64 lanes (element i of the row in lane i % 32), the same final sum in lane order (tested) -- at
+    2x its speed; a Q4_1/Q5_1 block whose min is NaN gives NaN outputs either way, though perhaps another
+    NaN payload."""
     k = B.shape[1]
-    if hi > lo and (lo < 0 or hi > out.shape[1] or hi * nb > W2.shape[0] or W2.shape[1] != ts or 32 * nb != k
+    if hi > lo and (lo < 0 or hi > out.shape[1] or hi * nb > W.shape[0] or W.shape[1] != ts or 32 * nb > k
                     or out.shape[0] != B.shape[0]):
         raise ValueError("mul_mat decode kernel: weight blocks, activation rows and output do not match")
     for r in range(lo, hi):
         for j in range(B.shape[0]):
-            out[j, r] = np.float32(vdot64(W2, r * nb, nb, B, j * k))
+            out[j, r] = np.float32(vdot(W, r * nb, nb, B, j * k))
 
 
 @njit(cache=True, nogil=True)
@@ -120,27 +124,27 @@ def _gemv_bf16(W2, nb, B, out, lo, hi, T):
 
 @njit(cache=True, nogil=True)
 def _gemv_q4_0(W2, nb, B, out, lo, hi, T):
-    _gemv_simd(simd.vdot64_q4_0, 18, W2, nb, B, out, lo, hi)
+    _vrows(simd.vdot64_q4_0, 18, W2, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _gemv_q4_1(W2, nb, B, out, lo, hi, T):
-    _gemv_simd(simd.vdot64_q4_1, 20, W2, nb, B, out, lo, hi)
+    _vrows(simd.vdot64_q4_1, 20, W2, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _gemv_q5_0(W2, nb, B, out, lo, hi, T):
-    _gemv_simd(simd.vdot64_q5_0, 22, W2, nb, B, out, lo, hi)
+    _vrows(simd.vdot64_q5_0, 22, W2, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _gemv_q5_1(W2, nb, B, out, lo, hi, T):
-    _gemv_simd(simd.vdot64_q5_1, 24, W2, nb, B, out, lo, hi)
+    _vrows(simd.vdot64_q5_1, 24, W2, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _gemv_q8_0(W2, nb, B, out, lo, hi, T):
-    _gemv_simd(simd.vdot64_q8_0, 34, W2, nb, B, out, lo, hi)
+    _vrows(simd.vdot64_q8_0, 34, W2, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
@@ -496,42 +500,29 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
 # gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u / (1 - k u), u = 2^-24): the f32 products
 # and sums of one dot, in any order.
 
-@njit(inline="always")
-def _fast(vdot, ts, W, nb, B, out, lo, hi):
-    """out[j, r] = vdot(weight row r, B[j]) for r in lo..hi-1, every j; the bounds the IR relies on checked
-    once here (W (rows * nb, ts) blocks, B (M, >= 32 * nb), out (M, >= hi))."""
-    k = B.shape[1]
-    if hi > lo and (lo < 0 or hi > out.shape[1] or hi * nb > W.shape[0] or W.shape[1] != ts or 32 * nb > k
-                    or out.shape[0] != B.shape[0]):
-        raise ValueError("mul_mat fast kernel: weight blocks, activation rows and output do not match")
-    for r in range(lo, hi):
-        for j in range(B.shape[0]):
-            out[j, r] = vdot(W, r * nb, nb, B, j * k)
-
-
 @njit(cache=True, nogil=True)
 def _fast_q4_0(W, nb, B, out, lo, hi):
-    _fast(simd.vdot_q4_0, 18, W, nb, B, out, lo, hi)
+    _vrows(simd.vdot_q4_0, 18, W, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q4_1(W, nb, B, out, lo, hi):
-    _fast(simd.vdot_q4_1, 20, W, nb, B, out, lo, hi)
+    _vrows(simd.vdot_q4_1, 20, W, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q5_0(W, nb, B, out, lo, hi):
-    _fast(simd.vdot_q5_0, 22, W, nb, B, out, lo, hi)
+    _vrows(simd.vdot_q5_0, 22, W, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q5_1(W, nb, B, out, lo, hi):
-    _fast(simd.vdot_q5_1, 24, W, nb, B, out, lo, hi)
+    _vrows(simd.vdot_q5_1, 24, W, nb, B, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
 def _fast_q8_0(W, nb, B, out, lo, hi):
-    _fast(simd.vdot_q8_0, 34, W, nb, B, out, lo, hi)
+    _vrows(simd.vdot_q8_0, 34, W, nb, B, out, lo, hi)
 
 
 FAST = {int(GGMLType[n.upper()]): globals()[f"_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}

@@ -163,7 +163,7 @@ def _vcheck(src, out, lo, hi, ts):
     """The bounds the vector decoders rely on (they read and write raw addresses); nothing to check when the
     range is empty (an empty tensor's strides are arbitrary)."""
     if hi > lo and (lo < 0 or hi > src.shape[0] or hi > out.shape[0] or src.shape[1] != ts or out.shape[1] != 32
-            or src.strides[1] != 1 or out.strides[1] != 4):
+                    or src.strides[1] != 1 or out.strides[1] != 4):
         raise ValueError("dequantize kernel: blocks and output do not match")
 
 

@@ -77,7 +77,13 @@ def _high_bits(builder, base, off):
 
 
 def _fma(builder, a, b, c):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32F, [_V32F] * 3), "llvm.fma.v32f32")
+    """llvm.fma on three values of one type: a scalar or a vector of f32 or f64 (one rounding per lane)."""
+    ty = a.type
+    el = ty.element if isinstance(ty, ir.VectorType) else ty
+    name = ("f64" if isinstance(el, ir.DoubleType) else "f32")
+    if isinstance(ty, ir.VectorType):
+        name = f"v{ty.count}{name}"
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), f"llvm.fma.{name}")
     return builder.call(fn, [a, b, c])
 
 
@@ -157,8 +163,6 @@ def _make(decode, type_size: int, name: str, wide: bool = False):
             wp = context.make_array(signature.args[0])(context, builder, Wv).data
             xp = context.make_array(signature.args[3])(context, builder, xv).data
             ts = ir.Constant(i0v.type, type_size)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
-                                                 f"llvm.fma.v32{'f64' if wide else 'f32'}")
             acc = cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * 32))
             with cgutils.for_range(builder, nbv) as loop:
                 blk = builder.gep(wp, [builder.mul(builder.add(i0v, loop.index), ts)])
@@ -168,7 +172,7 @@ def _make(decode, type_size: int, name: str, wide: bool = False):
                     w = builder.fpext(w, vty)
                 xo = builder.add(x0v, builder.mul(loop.index, ir.Constant(i0v.type, 32)))
                 xs = builder.load(builder.bitcast(builder.gep(xp, [xo]), vty.as_pointer()), align=4)
-                builder.store(builder.call(fma, [w, xs, builder.load(acc)]), acc)
+                builder.store(_fma(builder, w, xs, builder.load(acc)), acc)
             v = builder.load(acc)
             if not wide:
                 return _hsum32(builder, v)
@@ -206,16 +210,16 @@ def vdot_f32(typingctx, A, a0, X, x0, k):
         acc = cgutils.alloca_once_value(builder, ir.Constant(_V32F, [0.0] * 32))
         with cgutils.for_range(builder, nfull) as loop:
             o = builder.mul(loop.index, c32)
-            av = builder.load(builder.bitcast(builder.gep(ap, [builder.add(a0v, o)]), _V32F.as_pointer()), align=4)
-            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(x0v, o)]), _V32F.as_pointer()), align=4)
+            vp = _V32F.as_pointer()
+            av = builder.load(builder.bitcast(builder.gep(ap, [builder.add(a0v, o)]), vp), align=4)
+            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(x0v, o)]), vp), align=4)
             builder.store(_fma(builder, av, xv, builder.load(acc)), acc)
         s = cgutils.alloca_once_value(builder, _hsum32(builder, builder.load(acc)))
-        fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
         with cgutils.for_range(builder, builder.sub(kv, builder.mul(nfull, c32))) as loop:
             t = builder.add(builder.mul(nfull, c32), loop.index)
             av = builder.load(builder.gep(ap, [builder.add(a0v, t)]))
             xv = builder.load(builder.gep(xp, [builder.add(x0v, t)]))
-            builder.store(builder.call(fma1, [av, xv, builder.load(s)]), s)
+            builder.store(_fma(builder, av, xv, builder.load(s)), s)
         return builder.load(s)
     return sig, codegen
 

@@ -6,8 +6,7 @@ Versions:
     swiglu  silu(x) * g;   geglu  0 if x <= -10, x*g if x >= 10, else T[fl16(x)] * g
 Elements are split over threads. exp is `vexp.exp32_into` (vectorized, libm's f64 exp rounded to f32 bit
 for bit) where the reference rounds NumPy's f64 exp: the f32 values agree except where their f64 ulp
-straddles an f32 rounding boundary. f16 / bf16
-inputs and non-contiguous layouts run the NumPy reference.
+straddles an f32 rounding boundary. f16 / bf16 inputs and non-contiguous layouts run the NumPy reference.
 """
 from __future__ import annotations
 
@@ -34,6 +33,18 @@ def gelu_table_f32() -> np.ndarray:
 
 
 @njit(inline="always")
+def _silu_into(x, o):
+    """o = x / (1 + fl(exp(f64(-x)))) over 1-D x, o of one size: o first holds fl(exp(-x)) (`exp32_into`, the
+    exps vectorized with libm's bits), then the quotients."""
+    n = x.size
+    for i in range(n):
+        o[i] = -x[i]
+    exp32_into(o, o, n)
+    for i in range(n):
+        o[i] = x[i] / (np.float32(1.0) + o[i])
+
+
+@njit(inline="always")
 def _gelu(x, tab):
     if x <= np.float32(-10.0):
         return np.float32(0.0)
@@ -45,12 +56,8 @@ def _gelu(x, tab):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _unary(kind, x, tab, out, lo, hi):
     xs, o = x[lo:hi], out[lo:hi]           # indices from 0: no negative-index checks, so LLVM vectorizes
-    if kind == SILU:                       # o = fl(exp(-x)) (vexp: libm's bits), then x / (1 + o)
-        for i in range(xs.size):
-            o[i] = -xs[i]
-        exp32_into(o, o, xs.size)
-        for i in range(xs.size):
-            o[i] = xs[i] / (np.float32(1.0) + o[i])
+    if kind == SILU:
+        _silu_into(xs, o)
     else:
         for i in range(xs.size):
             o[i] = _gelu(xs[i], tab)
@@ -61,13 +68,11 @@ def _glu(kind, x, g, tab, out, lo, hi):
     """Rows lo..hi-1 of x, g (rows, n) (views into a's halves or a and b) into out (rows, n)."""
     n = out.shape[1]
     for r in range(lo, hi):
-        if kind == SILU:                   # silu(x) * g, the row's exps vectorized (vexp)
-            xr, gr, o = x[r], g[r], out[r]
+        if kind == SILU:                   # silu(x) * g: the row's silu, then the products
+            gr, o = g[r], out[r]
+            _silu_into(x[r], o)
             for i in range(n):
-                o[i] = -xr[i]
-            exp32_into(o, o, n)
-            for i in range(n):
-                o[i] = xr[i] / (np.float32(1.0) + o[i]) * gr[i]
+                o[i] = o[i] * gr[i]
             continue
         for i in range(n):
             v = x[r, i]
