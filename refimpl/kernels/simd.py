@@ -14,7 +14,8 @@ Intrinsics (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 blocks unless noted):
     vdot64_<type>(W, i0, nb, x, x0) -> f64   exact numerics' decode dot: x f64, 32 f64 lanes added in lane
                                              order, the bits of matmul._dot_f64 (matmul._gemv_simd)
     vdec_<type>(src, i, out, j)              block src[i] decoded into out[j, :32] (Q4_1 Q5_0 Q5_1: the
-                                             dequantizers in quants.py)
+                                             dequantizers in quants.py); vdec_tq1_0 a whole TQ1_0 block,
+                                             out[j, :256]
     vdot_f32(A, a0, X, x0, k) -> f32         f32 rows, 32 f32 lanes (attention's decode products)
 The callers check every bound the IR relies on (once per call); the IR itself does not, and its typing
 accepts only C-contiguous arrays, since it computes flat addresses.
@@ -253,6 +254,47 @@ def _make_dec(decode, name: str):
     vdec.__doc__ = (f"Block src[i] ({name}, row-contiguous bytes) decoded into out[j, :32] (f32, row-contiguous):"
                     " the vector of vdot_{name}. The caller checks i, j and both inner strides.")
     return vdec
+
+
+def _tq1_0_digits(b, v, n_lanes, d, dst, first, count):
+    """Base-3 digits 0..count-1 of the <n x i8> bytes v as ggml reads them, ((u8)(v * 3^n) * 3 >> 8) - 1,
+    each times d (an exact product: the digit is -1, 0 or 1), stored at dst[first + n * n_lanes ...]."""
+    vi8, vi16, vf = ir.VectorType(_I8, n_lanes), ir.VectorType(_I16, n_lanes), ir.VectorType(_F32, n_lanes)
+    dv = _splat(b, d, vf)
+    for n in range(count):
+        q = b.mul(v, _const_vec(vi8, [3 ** n % 256] * n_lanes))                # wraps modulo 256, as (uint8)
+        t = b.lshr(b.mul(b.zext(q, vi16), _const_vec(vi16, [3] * n_lanes)), _const_vec(vi16, [8] * n_lanes))
+        t = b.trunc(t, vi8)
+        t = b.sub(t, _const_vec(vi8, [1] * n_lanes))
+        out = b.gep(dst, [ir.Constant(ir.IntType(64), first + n * n_lanes)])
+        b.store(b.fmul(b.sitofp(t, vf), dv), b.bitcast(out, vf.as_pointer()), align=4)
+
+
+def _tq1_0_block(b, p, dst):
+    """One TQ1_0 block (qs[48] | qh[4] | d:f16) at byte address p into the 256 f32 at dst: qs[0:32] give
+    elements 0..159 (digit n of byte m -> 32n + m), qs[32:48] 160..239, qh 240..255 (four digits each)."""
+    d = _f16(b, p, 52)
+    _tq1_0_digits(b, _load(b, p, 0, _V32I8), 32, d, dst, 0, 5)
+    _tq1_0_digits(b, _load(b, p, 32, _V16I8), 16, d, dst, 160, 5)
+    _tq1_0_digits(b, _load(b, p, 48, ir.VectorType(_I8, 4)), 4, d, dst, 240, 4)
+
+
+@intrinsic
+def vdec_tq1_0(typingctx, src, i, out, j):
+    """TQ1_0 block src[i] (54 row-contiguous bytes) decoded into out[j, :256] (f32, row-contiguous): the
+    values of the loop in quants._dq_tq1_0. The caller checks i, j and both inner strides."""
+    if not (isinstance(src, types.Array) and src.dtype == types.uint8 and src.ndim == 2
+            and isinstance(out, types.Array) and out.dtype == types.float32 and out.ndim == 2):
+        return None
+    sig = types.none(src, types.intp, out, types.intp)
+
+    def codegen(context, builder, signature, args):
+        s, iv, o, jv = args
+        blk = _row_address(context, builder, signature.args[0], s, iv)
+        dst = builder.bitcast(_row_address(context, builder, signature.args[2], o, jv), _F32.as_pointer())
+        _tq1_0_block(builder, blk, dst)
+        return context.get_dummy_value()
+    return sig, codegen
 
 
 vdec_q4_1 = _make_dec(_q4_1, "q4_1")

@@ -43,6 +43,22 @@ def test_dequantize_bits(t, data):
                       _numpy(DEQUANTIZERS[t], blocks), f"dequantize {tr.name}")
 
 
+@pytest.mark.parametrize("name, ts, bs", [("q4_1", 20, 32), ("q5_0", 22, 32), ("q5_1", 24, 32), ("tq1_0", 54, 256)])
+def test_vector_decoders_refuse_mismatched_arrays(name, ts, bs):
+    """The vector decoders (kernels/simd.py `vdec_*`) write raw addresses; the kernels that call them check
+    the block size, the output width and the range first, so a wrong call raises instead of writing past
+    an array."""
+    kern = getattr(kd, f"_dq_{name}")
+    src = np.zeros((4, ts), np.uint8)
+    with pytest.raises(ValueError, match="do not match"):
+        kern(src, np.empty((4, bs // 2), np.float32), 0, 4, ())              # output rows too short
+    with pytest.raises(ValueError, match="do not match"):
+        kern(src, np.empty((3, bs), np.float32), 0, 4, ())                   # past the output's last row
+    with pytest.raises(ValueError, match="do not match"):
+        kern(np.zeros((4, ts + 2), np.uint8), np.empty((4, bs), np.float32), 0, 4, ())   # another block size
+    kern(src, np.empty((0, bs), np.float32), 0, 0, ())                      # an empty range checks nothing
+
+
 @pytest.mark.parametrize("t", DECODE_TYPES, ids=lambda t: t.name)
 def test_dequantize_threaded_and_dispatched(t):
     """A tensor large enough for several threads, through refimpl.dequantize under both backends."""
