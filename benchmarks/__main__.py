@@ -137,7 +137,10 @@ def child_kernels(job: dict) -> dict:
                     rates[f"{op}|{t}|{th}"] = {k: x.size / 1e6 / s for k, s in tm.items()}
                 except Exception as e:                    # noqa: BLE001 -- one type's failure is a cell, not the run
                     errors[f"{op}|{t}|{th}"] = f"{type(e).__name__}: {e}"[:100]
-    return dict(rates=rates, errors=errors, compile_s=compile_s, ggml=ggml is not None, peak_rss=peak_rss())
+    numba.set_num_threads(1)     # the memory ceiling: a fresh f32 output of the same size, written once
+    cpu, _ = K.measure({"fill": lambda: np.empty(x.shape, np.float32).fill(1.0)}, job["repeat"])
+    return dict(rates=rates, errors=errors, compile_s=compile_s, ggml=ggml is not None, peak_rss=peak_rss(),
+                fill=x.size / 1e6 / cpu["fill"])
 
 
 def _kernel_fns(op, t, x, ggml, all_engines: bool) -> dict:
@@ -330,6 +333,15 @@ def part_quants(cfg: Config, notes: list) -> list[Row]:
         return []
     notes.append(f"quants: kernels compiled or loaded from Numba's cache in {r['compile_s']:.1f} s (before timing); "
                  f"{job['elems']} elements per call, best of {job['repeat']}")
+    missed = []                  # types whose 8x-gguf-py target misses, with the rate it asks for
+    for t in deq:
+        v = r["rates"].get(f"dequantize|{t}|1", {})
+        if isinstance(v.get("gguf"), float) and isinstance(v.get("numba"), float) and v["numba"] < 8 * v["gguf"]:
+            missed.append(f"{t} {8 * v['gguf']:.0f}")
+    missed = ", ".join(missed)
+    notes.append(f"quants: the memory ceiling, a fresh f32 output of the same size written once (np.empty + fill, "
+                 f"1 thread, CPU time), runs at {r['fill']:.0f} Melem/s, the bound for any dequantizer that returns a new array" +
+                 (f". 8x gguf-py would need (Melem/s): {missed}" if missed else ""))
     ggml_na = "not installed" if not installed("ggml") else "unavailable"
     gguf_na = "not installed" if not installed("gguf") else "—"
     rows = []
