@@ -340,7 +340,8 @@ def part_quants(cfg: Config, notes: list) -> list[Row]:
             missed.append(f"{t} {8 * v['gguf']:.0f}")
     missed = ", ".join(missed)
     notes.append(f"quants: the memory ceiling, a fresh f32 output of the same size written once (np.empty + fill, "
-                 f"1 thread, CPU time), runs at {r['fill']:.0f} Melem/s, the bound for any dequantizer that returns a new array" +
+                 f"1 thread, CPU time), runs at {r['fill']:.0f} Melem/s, the bound for any dequantizer that returns "
+                 "a new array" +
                  (f". 8x gguf-py would need (Melem/s): {missed}" if missed else ""))
     ggml_na = "not installed" if not installed("ggml") else "unavailable"
     gguf_na = "not installed" if not installed("gguf") else "—"
