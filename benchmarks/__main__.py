@@ -18,7 +18,9 @@ Parts, in the order they run (each measurement in its own fresh interpreter, one
     import_time cold `import refimpl` (a note, no row)
 
 "numba fast" is the Numba backend with REFIMPL_NUMERICS=fast (mul_mat summed in f32, refimpl.numerics); the
-issue's model targets are checked for it and for exact mode alike.
+issue's model targets are checked for it and for exact mode alike. The bert part also runs the fast engine in a
+process started with TUNED_ENV (OpenBLAS's worker timeout and glibc's heap thresholds, see there): rows without
+a target, showing what process settings refimpl cannot change from inside gain.
 
 Each part's rows go into one markdown table (benchmarks/summary.py): part, what, engine A, engine B,
 ratio = A / B, the issue's target and whether it holds, threads, peak RSS (VmHWM of each engine's process).
@@ -411,7 +413,14 @@ def _numpy_engine(cfg: Config, job_engine: str) -> list:
     return [] if cfg.quick else [("refimpl numpy", True, job_engine, "numpy")]
 
 
-REFIMPL_ENGINES = ("refimpl numba", "refimpl numba fast", "refimpl numpy")
+REFIMPL_ENGINES = ("refimpl numba", "refimpl numba fast", "refimpl numba fast, tuned env", "refimpl numpy")
+
+# Process settings that a model run with many large temporaries gains from (measured on MiniLM, docs/benchmarks.md):
+# OpenBLAS's idle workers spin for 2^28 cycles after each call (its default THREAD_TIMEOUT), taking a core from the
+# element-wise kernels that follow a GEMM; glibc returns the top of the heap to the system whenever the free space
+# there exceeds its (dynamic) trim threshold, so a batch whose working set swings by tens of MB a layer touches
+# fresh pages again (~45,000 minor faults a long MiniLM batch). Neither can be changed after NumPy has loaded.
+TUNED_ENV = dict(OPENBLAS_THREAD_TIMEOUT="4", MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="1073741824")
 
 
 def _fast_engine(job_engine: str) -> tuple:
@@ -420,16 +429,17 @@ def _fast_engine(job_engine: str) -> tuple:
 
 
 def _engine_runs(name, cfg, engines, job_of) -> dict:
-    """{(engine, threads): result} for each engine (label, installed?, job engine, backend[, numerics]) and
-    thread count."""
+    """{(engine, threads): result} for each engine (label, installed?, job engine, backend[, numerics][, extra
+    environment]) and thread count."""
     res = {}
     for th in cfg.threads:
-        for label, ok, eng, backend, *numerics in engines:
+        for label, ok, eng, backend, *rest in engines:
             if not ok:
                 res[label, th] = {"error": "not installed"}
                 continue
+            extra = rest.pop() if rest and isinstance(rest[-1], dict) else {}
             t0 = time.perf_counter()
-            res[label, th] = spawn_child(name, job_of(eng, th), thread_env(th, backend, *numerics), cfg)
+            res[label, th] = spawn_child(name, job_of(eng, th), dict(thread_env(th, backend, *rest), **extra), cfg)
             log(f"  {name}: {label} with {th} thread(s) in {time.perf_counter() - t0:.0f} s"
                 + (f"  ERROR {res[label, th]['error']}" if "error" in res[label, th] else ""))
     return res
@@ -480,13 +490,18 @@ def part_bert(cfg: Config, notes: list) -> list[Row]:
     if not d.is_dir():
         why = "model missing (refimpl fetch minilm)"
         return [Row("bert", "MiniLM sent/s", "refimpl numba", why, "sentence-transformers", why, "—")]
-    engines = [("refimpl numba", installed("numba"), "refimpl", "numba"), _fast_engine("refimpl"),
+    tuned = [] if cfg.quick else [("refimpl numba fast, tuned env", installed("numba"), "refimpl", "numba", "fast",
+                                   TUNED_ENV)]
+    engines = [("refimpl numba", installed("numba"), "refimpl", "numba"), _fast_engine("refimpl"), *tuned,
                *_numpy_engine(cfg, "refimpl"),
                ("sentence-transformers", installed("torch", "sentence_transformers"), "st", "numpy")]
     rep = cfg.pick(3, 1)
     res = _engine_runs("bert", cfg, engines, lambda e, th: dict(engine=e, threads=th, repeat=rep, dir=str(d), gguf=""))
     notes.append(f"bert: all-MiniLM-L6-v2, one batch of 32 sentences per call (short ~12 words, long ~60), mean "
-                 f"pooling, normalized; one warm-up, best of {rep}; sentence-transformers on torch CPU")
+                 f"pooling, normalized; one warm-up, best of {rep}; sentence-transformers on torch CPU" +
+                 ("" if cfg.quick else "; \"tuned env\": the fast engine in a process started with "
+                  + " ".join(f"{k}={v}" for k, v in TUNED_ENV.items()) + " (no target: a setting of the process, "
+                  "not of refimpl)"))
     return _model_rows("bert", res, cfg, "sentence-transformers", [
         ("MiniLM batch of 32 short sentences, sent/s", "bert short", lambda r: 32 / r["short"]),
         ("MiniLM batch of 32 long sentences, sent/s", "bert long", lambda r: 32 / r["long"])])
