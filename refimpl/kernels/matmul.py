@@ -254,10 +254,14 @@ def _gemv_f32(W, B, out, lo, hi):
 
 
 @njit(inline="always")
-def _attn_shapes(A, B, out, h0, h1):
-    """(G, n, k, m, r) of an attention product, A (G, n, k), B (H, m, k), out (H, m, n), heads h0..h1-1,
-    after checking them (the f32 kernel's IR reads flat addresses)."""
-    G, n, k = A.shape
+def _attn_shapes(A, B, out, h0, h1, tr):
+    """(G, n, k, m, r) of an attention product, A (G, n, k) -- or with tr, the same rows stored (n, G, k), as
+    the KV cache holds them -- B (H, m, k), out (H, m, n), heads h0..h1-1, after checking them (the f32
+    kernel's IR reads flat addresses)."""
+    if tr:
+        n, G, k = A.shape
+    else:
+        G, n, k = A.shape
     H, m = B.shape[0], B.shape[1]
     if (G == 0 or H % G != 0 or B.shape[2] != k or out.shape[0] != H or out.shape[1] != m
             or out.shape[2] != n or h0 < 0 or h1 > H):
@@ -266,28 +270,30 @@ def _attn_shapes(A, B, out, h0, h1):
 
 
 @njit(cache=True, nogil=True)
-def _attn_exact(A, B, out, h0, h1):
+def _attn_exact(A, B, out, h0, h1, tr):
     """Attention's decode products for heads h0..h1-1: out[h, j, i] = f32(Σ f64 A[h // r, i] * B[h, j]),
-    A (G, n, k) f32 (the cache side), B (H, m, k) f64, out (H, m, n), r = H // G (ggml's broadcast of the
-    weight batch); `_gemv_f32`'s dot, so the bits of the per-batch path."""
-    G, n, k, m, r = _attn_shapes(A, B, out, h0, h1)
+    A (G, n, k) f32 (the cache side; with tr stored (n, G, k)), B (H, m, k) f64, out (H, m, n), r = H // G
+    (ggml's broadcast of the weight batch); `_gemv_f32`'s dot, so the bits of the per-batch path."""
+    G, n, k, m, r = _attn_shapes(A, B, out, h0, h1, tr)
     acc = np.empty(LANES, np.float64)
     for h in range(h0, h1):
         g = h // r
         for j in range(m):
             for i in range(n):
-                out[h, j, i] = np.float32(_dot_f64(A[g, i], B[h, j], k, acc))
+                row = A[i, g] if tr else A[g, i]
+                out[h, j, i] = np.float32(_dot_f64(row, B[h, j], k, acc))
 
 
 @njit(cache=True, nogil=True)
-def _attn_fast(A, B, out, h0, h1):
+def _attn_fast(A, B, out, h0, h1, tr):
     """`_attn_exact` in f32 (numerics="fast"): each output `simd.vdot_f32` of the two rows, B (H, m, k) f32."""
-    G, n, k, m, r = _attn_shapes(A, B, out, h0, h1)
+    G, n, k, m, r = _attn_shapes(A, B, out, h0, h1, tr)
     for h in range(h0, h1):
         g = h // r
         for j in range(m):
             for i in range(n):
-                out[h, j, i] = simd.vdot_f32(A, (g * n + i) * k, B, (h * m + j) * k, k)
+                a0 = (i * G + g) * k if tr else (g * n + i) * k
+                out[h, j, i] = simd.vdot_f32(A, a0, B, (h * m + j) * k, k)
 
 
 GEMV = {int(GGMLType[n.upper()]): globals()[f"_gemv_{n}"] for n in (
@@ -339,13 +345,19 @@ def _decode_2d(a, b, fast: bool):
 
 def _attn_decode(a, b, fast: bool):
     """Attention's decode products as the models call them -- a (G, n, k) f32 cache side, b (H, m, k) f32
-    with m <= DECODE_ROWS, H a multiple of G, both C-contiguous -- in one kernel call over all heads
-    (split by heads over threads) instead of one product per weight batch; None for anything else."""
+    with m <= DECODE_ROWS, H a multiple of G, b C-contiguous and a either C-contiguous or the (1, 0, 2)
+    transpose of a C-contiguous (n, G, k) array (the KV cache's own layout, read in place) -- in one kernel
+    call over all heads (split by heads over threads) instead of one product per weight batch; None for
+    anything else."""
     G, n, k = a.shape
     H, m = b.shape[0], b.shape[1]
-    if not (G > 0 and n > 0 and k > 0 and b.shape[2] == k and H % G == 0 and H > 0
-            and a.flags.c_contiguous and b.flags.c_contiguous):
+    if not (G > 0 and n > 0 and k > 0 and b.shape[2] == k and H % G == 0 and H > 0 and b.flags.c_contiguous):
         return None
+    A, tr = a, False
+    if not a.flags.c_contiguous:
+        A, tr = a.transpose(1, 0, 2), True
+        if not A.flags.c_contiguous:
+            return None
     out = np.empty((H, m, n), np.float32)
     split = _split(H, max(1, ATTN_PAR_MIN_MACS // (n * k * m)))
     if fast:
@@ -353,9 +365,9 @@ def _attn_decode(a, b, fast: bool):
     else:
         kern, par, B = _attn_exact, _par_attn_exact, b.astype(np.float64)
     if split > 1:
-        par(a, B, out, split)
+        par(A, B, out, tr, split)
     else:
-        kern(a, B, out, 0, H)
+        kern(A, B, out, 0, H, tr)
     return out
 
 
@@ -627,16 +639,16 @@ def _par_gemv_f32(W, B, out, nchunk):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _par_attn_exact(A, B, out, nchunk):
+def _par_attn_exact(A, B, out, tr, nchunk):
     H = out.shape[0]
     for c in prange(nchunk):
-        _attn_exact(A, B, out, H * c // nchunk, H * (c + 1) // nchunk)
+        _attn_exact(A, B, out, H * c // nchunk, H * (c + 1) // nchunk, tr)
 
 @njit(cache=True, parallel=True, nogil=True)
-def _par_attn_fast(A, B, out, nchunk):
+def _par_attn_fast(A, B, out, tr, nchunk):
     H = out.shape[0]
     for c in prange(nchunk):
-        _attn_fast(A, B, out, H * c // nchunk, H * (c + 1) // nchunk)
+        _attn_fast(A, B, out, H * c // nchunk, H * (c + 1) // nchunk, tr)
 
 
 PAR_FAST = {int(GGMLType[n.upper()]): globals()[f"_par_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}

@@ -472,7 +472,10 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     """
     T, H, D = q.shape
     qh = permuted(q, (1, 0, 2))                                # (H, T, D)    ne [D, T, H]
-    kh = permuted(k, (1, 0, 2))                                # (Hkv, n_kv, D)
+    # K as a view of the cache's rows (ggml's permute is a view too): the Numba decode kernel reads them in
+    # place; a product that needs them packed copies them itself. numerics="ggml" keeps its packed copy.
+    kh = (k.transpose(1, 0, 2) if not on_device(k) and current_numerics() != "ggml"
+          else permuted(k, (1, 0, 2)))                         # (Hkv, n_kv, D)
     kq = _attn_mul_mat(kh, qh)                                 # (H, T, n_kv) ne [n_kv, T, H]
     cap(f"kq-{il}", kq)
     kq = soft_max_ext(kq, mask, scale, 0.0)

@@ -160,6 +160,31 @@ def test_attention_decode_is_the_per_batch_path(G, H, n, k, m):
     assert (np.abs(fast.astype(np.float64) - got.astype(np.float64)) <= bound).all(), "fast attention product"
 
 
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
+@pytest.mark.parametrize("G,H,n,k,m", [(3, 9, 97, 64, 1), (1, 4, 5, 33, 2), (2, 6, 40, 100, 8)])
+def test_attention_decode_reads_the_cache_layout_in_place(numerics, G, H, n, k, m):
+    """The models pass K as the cache stores it, (n, G, k), transposed to (G, n, k) as a view: the decode
+    kernel reads the rows where they are, with the bits of the same product on a packed copy (same rows,
+    same dot), in exact and fast mode; a view that is neither layout takes the general path."""
+    rng = np.random.default_rng(G * n + k)
+    cache = rng.standard_normal((n, G, k)).astype(np.float32)
+    b = rng.standard_normal((H, m, k)).astype(np.float32)
+    view = cache.transpose(1, 0, 2)
+    assert G == 1 or not view.flags.c_contiguous          # one group: the transpose is contiguous
+    with refimpl.backend("numba"):
+        got = refimpl.ops.mul_mat(view, b, numerics=numerics)
+        packed = refimpl.ops.mul_mat(np.ascontiguousarray(view), b, numerics=numerics)
+        wide = np.zeros((n, G, k + 3), np.float32)
+        wide[..., :k] = cache
+        odd = wide[..., :k].transpose(1, 0, 2)           # rows padded apart: neither layout, the general path
+        got_odd = refimpl.ops.mul_mat(odd, b, numerics=numerics)
+    assert_bits_equal(got, packed, f"attention decode product on the cache layout, {numerics}")
+    if numerics == "exact":
+        assert_bits_equal(got_odd, got, "attention product on a padded view")
+    else:
+        assert_nmse(got_odd, got, tol("mul_mat", "*", "property").nmse, "attention product on a padded view")
+
+
 def test_fast_kernels_refuse_mismatched_operands():
     """The vector kernels read raw addresses (kernels/simd.py); their drivers check the operands first, so a
     wrong call raises instead of reading past an array."""
@@ -176,10 +201,13 @@ def test_fast_kernels_refuse_mismatched_operands():
         km._fast_q8_0(W2, 2, np.zeros((1, 64), np.float32), out, 0, 4)        # Q4_1 blocks read as Q8_0
     with pytest.raises(ValueError, match="do not match"):
         km._attn_fast(np.zeros((2, 3, 8), np.float32), np.zeros((3, 1, 8), np.float32),
-                      np.empty((3, 1, 3), np.float32), 0, 3)                  # 3 heads over 2 groups
+                      np.empty((3, 1, 3), np.float32), 0, 3, False)           # 3 heads over 2 groups
     with pytest.raises(ValueError, match="do not match"):
         km._attn_fast(np.zeros((1, 3, 8), np.float32), np.zeros((2, 1, 9), np.float32),
-                      np.empty((2, 1, 3), np.float32), 0, 2)                  # k differs
+                      np.empty((2, 1, 3), np.float32), 0, 2, False)           # k differs
+    with pytest.raises(ValueError, match="do not match"):
+        km._attn_fast(np.zeros((3, 2, 8), np.float32), np.zeros((3, 1, 8), np.float32),
+                      np.empty((3, 1, 3), np.float32), 0, 3, True)            # cache layout: 3 heads, 2 groups
 
 
 @pytest.mark.parametrize("t", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
