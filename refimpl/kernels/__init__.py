@@ -10,10 +10,10 @@ One module per op family, each listing its versions at the top:
     softmax.py     soft_max_ext
     rope.py        rope_ext, rope_ext_back (NORMAL and NEOX)
     rows.py        get_rows
-    unary.py       silu, gelu, swiglu, geglu
+    unary.py       silu, gelu, sigmoid, exp, relu, swiglu, geglu
     recurrent.py   rwkv_wkv6, rwkv_wkv7
     simd.py        vector dot products and block decoders written as LLVM IR (fast decode, dequantize)
-    vexp.py        fl32(exp(f64 x)) vectorized, libm's bits (soft_max_ext, silu, swiglu)
+    vexp.py        fl32(exp(f64 x)) vectorized, libm's bits (soft_max_ext, silu, sigmoid, exp, swiglu)
     _common.py     scalar helpers (ggml's conversions and roundings) and the thread pool
 
 Work is split over `numba.get_num_threads()` threads (NUMBA_NUM_THREADS, `numba.set_num_threads`) by

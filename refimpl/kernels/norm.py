@@ -65,7 +65,11 @@ def _rows(kernel, a, eps):
     a2 = a.reshape(-1, n)
     out = np.empty_like(a2)
     e = np.float32(eps)
-    parallel_ranges(lambda lo, hi: kernel(a2, e, out, lo, hi), a2.shape[0], max(1, PAR_MIN // n))
+    rows, per = a2.shape[0], max(1, PAR_MIN // n)
+    if rows < 2 * per:                     # one range: straight to the kernel (a decode step's few rows)
+        kernel(a2, e, out, 0, rows)
+    else:
+        parallel_ranges(lambda lo, hi: kernel(a2, e, out, lo, hi), rows, per)
     return out.reshape(a.shape)
 
 

@@ -1,8 +1,9 @@
-"""silu, gelu, swiglu, geglu with Numba (f32): the reference's f32 steps element by element.
+"""silu, gelu, sigmoid, exp, relu, swiglu, geglu with Numba (f32): the reference's f32 steps element by element.
 
 Versions:
     silu    x / (1 + fl(exp(f64(-x))))                                  (refimpl.ops.elementwise._silu)
     gelu    0 if x <= -10, x if x >= 10, else T[f16 bits of x] as f32   (T = elementwise.gelu_table())
+    sigmoid 1 / (1 + fl(exp(f64(-x))));  exp  fl(exp(f64(x)));  relu  x if x > 0 else +0 (NaN -> +0)
     swiglu  silu(x) * g;   geglu  0 if x <= -10, x*g if x >= 10, else T[fl16(x)] * g
 Elements are split over threads. exp is `vexp.exp32_into` (vectorized, libm's f64 exp rounded to f32 bit
 for bit) where the reference rounds NumPy's f64 exp: the f32 values agree except where their f64 ulp
@@ -23,7 +24,7 @@ from ._common import f16_bits, parallel_ranges
 from .vexp import exp32_into
 
 PAR_MIN = 1 << 16       # elements per thread at least
-SILU, GELU = 0, 1
+SILU, GELU, SIGMOID, EXP, RELU = 0, 1, 2, 3, 4
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,11 +57,24 @@ def _gelu(x, tab):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _unary(kind, x, tab, out, lo, hi):
     xs, o = x[lo:hi], out[lo:hi]           # indices from 0: no negative-index checks, so LLVM vectorizes
+    n = xs.size
     if kind == SILU:
         _silu_into(xs, o)
-    else:
-        for i in range(xs.size):
+    elif kind == GELU:
+        for i in range(n):
             o[i] = _gelu(xs[i], tab)
+    elif kind == SIGMOID:                  # fl(exp(-x)) first (vectorized, libm's bits), then 1 / (1 + e)
+        for i in range(n):
+            o[i] = -xs[i]
+        exp32_into(o, o, n)
+        for i in range(n):
+            o[i] = np.float32(1.0) / (np.float32(1.0) + o[i])
+    elif kind == EXP:
+        exp32_into(xs, o, n)
+    else:                                  # relu: x > 0 is false for -0 and NaN, which give +0
+        for i in range(n):
+            v = xs[i]
+            o[i] = v if v > np.float32(0.0) else np.float32(0.0)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -92,7 +106,10 @@ def _apply(kind, a):
     flat = a.reshape(-1)
     out = np.empty_like(flat)
     tab = gelu_table_f32()
-    parallel_ranges(lambda lo, hi: _unary(kind, flat, tab, out, lo, hi), flat.size, PAR_MIN)
+    if flat.size < 2 * PAR_MIN:            # one range: straight to the kernel (a decode step's small vectors)
+        _unary(kind, flat, tab, out, 0, flat.size)
+    else:
+        parallel_ranges(lambda lo, hi: _unary(kind, flat, tab, out, lo, hi), flat.size, PAR_MIN)
     return out.reshape(a.shape)
 
 
@@ -106,6 +123,24 @@ def silu(a):
 def gelu(a):
     """ggml_gelu (see refimpl.ops.elementwise.gelu) in Numba, through ggml-cpu's f16 table."""
     return _apply(GELU, a) if _f32c(a) else ref_ew.gelu.reference(a)
+
+
+@register("sigmoid", backend="numba")
+def sigmoid(a):
+    """ggml_sigmoid (see refimpl.ops.elementwise.sigmoid) in Numba; exp with libm's bits (`vexp`)."""
+    return _apply(SIGMOID, a) if _f32c(a) else ref_ew.sigmoid.reference(a)
+
+
+@register("exp", backend="numba")
+def exp(a):
+    """ggml_exp (see refimpl.ops.elementwise.exp) in Numba: fl32(exp(f64 x)) with libm's bits (`vexp`)."""
+    return _apply(EXP, a) if _f32c(a) else ref_ew.exp.reference(a)
+
+
+@register("relu", backend="numba")
+def relu(a):
+    """ggml_relu (see refimpl.ops.elementwise.relu) in Numba."""
+    return _apply(RELU, a) if _f32c(a) else ref_ew.relu.reference(a)
 
 
 def _glu_apply(kind, a, b, swapped):

@@ -20,7 +20,7 @@ from refimpl.ops import OPS  # noqa: E402
 from refimpl.testing import assert_bits_equal, assert_nmse, named_cases, op_cases, tol  # noqa: E402
 
 OPS_WITH_KERNELS = ["rms_norm", "norm", "soft_max_ext", "rope_ext", "rope_ext_back", "get_rows", "silu", "gelu",
-                    "swiglu", "geglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
+                    "sigmoid", "exp", "relu", "swiglu", "geglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
 N = max(10, settings().max_examples // 4)
 
 refimpl.kernels.load()
