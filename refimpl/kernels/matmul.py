@@ -244,13 +244,14 @@ def _gemv_nvfp4(W2, nb, B, out, lo, hi, T):
 
 @njit(cache=True, nogil=True)
 def _gemv_f32(W, B, out, lo, hi):
-    """_gemv for f32 weight rows W (n, k)."""
-    k = B.shape[1]
-    acc = np.empty(LANES, np.float64)
+    """_gemv for f32 weight rows W (n, k) C-contiguous, B (M, k) f64 C-contiguous: `simd.vdot64_f32` (the
+    lanes and order of `_dot_f64`, vectorized) per output."""
+    k, M = B.shape[1], B.shape[0]
+    if hi > lo and (lo < 0 or hi > W.shape[0] or W.shape[1] != k or out.shape[0] != M or hi > out.shape[1]):
+        raise ValueError("mul_mat f32 decode kernel: operand shapes do not match")
     for r in range(lo, hi):
-        w = W[r]
-        for j in range(B.shape[0]):
-            out[j, r] = np.float32(_dot_f64(w, B[j], k, acc))
+        for j in range(M):
+            out[j, r] = np.float32(simd.vdot64_f32(W, r * k, B, j * k, k))
 
 
 @njit(inline="always")
@@ -273,15 +274,15 @@ def _attn_shapes(A, B, out, h0, h1, tr):
 def _attn_exact(A, B, out, h0, h1, tr):
     """Attention's decode products for heads h0..h1-1: out[h, j, i] = f32(Σ f64 A[h // r, i] * B[h, j]),
     A (G, n, k) f32 (the cache side; with tr stored (n, G, k)), B (H, m, k) f64, out (H, m, n), r = H // G
-    (ggml's broadcast of the weight batch); `_gemv_f32`'s dot, so the bits of the per-batch path."""
+    (ggml's broadcast of the weight batch); `simd.vdot64_f32`, `_dot_f64`'s lanes and order, so the bits of
+    the per-batch path."""
     G, n, k, m, r = _attn_shapes(A, B, out, h0, h1, tr)
-    acc = np.empty(LANES, np.float64)
     for h in range(h0, h1):
         g = h // r
         for j in range(m):
             for i in range(n):
-                row = A[i, g] if tr else A[g, i]
-                out[h, j, i] = np.float32(_dot_f64(row, B[h, j], k, acc))
+                a0 = (i * G + g) * k if tr else (g * n + i) * k
+                out[h, j, i] = np.float32(simd.vdot64_f32(A, a0, B, (h * m + j) * k, k))
 
 
 @njit(cache=True, nogil=True)

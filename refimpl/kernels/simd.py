@@ -17,6 +17,8 @@ Intrinsics (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 blocks unless noted):
                                              dequantizers in quants.py); vdec_tq1_0 a whole TQ1_0 block,
                                              out[j, :256]
     vdot_f32(A, a0, X, x0, k) -> f32         f32 rows, 32 f32 lanes (attention's decode products)
+    vdot64_f32(A, a0, X, x0, k) -> f64       an f32 row times an f64 one, `_dot_f64`'s lanes and order (exact
+                                             numerics' attention and f32-weight decode products)
 The callers check every bound the IR relies on (once per call); the IR itself does not, and its typing
 accepts only C-contiguous arrays, since it computes flat addresses.
 
@@ -221,6 +223,46 @@ def vdot_f32(typingctx, A, a0, X, x0, k):
             av = builder.load(builder.gep(ap, [builder.add(a0v, t)]))
             xv = builder.load(builder.gep(xp, [builder.add(x0v, t)]))
             builder.store(_fma(builder, av, xv, builder.load(s)), s)
+        return builder.load(s)
+    return sig, codegen
+
+
+@intrinsic
+def vdot64_f32(typingctx, A, a0, X, x0, k):
+    """Σ f64(A[a0 + t]) * X[x0 + t] over t < k, A f32 and X f64 C-contiguous of any shape (flat element
+    offsets): exact numerics' f32-row dot, the bits of matmul._dot_f64 -- 32 f64 lanes (lane t % 32 for the
+    first 32 * (k // 32) terms), each product rounded, then added (as _dot_f64 for any f64 X; for X widened
+    from f32 the products are exact), the lanes added in order from 0.0, then the rest in order. The caller
+    checks the bounds."""
+    if not (isinstance(A, types.Array) and A.dtype == types.float32 and A.layout == "C"
+            and isinstance(X, types.Array) and X.dtype == types.float64 and X.layout == "C"):
+        return None
+    sig = types.float64(A, types.intp, X, types.intp, types.intp)
+    dty = ir.DoubleType()
+    vty = ir.VectorType(dty, 32)
+
+    def codegen(context, builder, signature, args):
+        Av, a0v, Xv, x0v, kv = args
+        ap = context.make_array(signature.args[0])(context, builder, Av).data
+        xp = context.make_array(signature.args[2])(context, builder, Xv).data
+        c32 = ir.Constant(kv.type, 32)
+        nfull = builder.sdiv(kv, c32)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * 32))
+        with cgutils.for_range(builder, nfull) as loop:
+            o = builder.mul(loop.index, c32)
+            av = builder.load(builder.bitcast(builder.gep(ap, [builder.add(a0v, o)]), _V32F.as_pointer()), align=4)
+            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(x0v, o)]), vty.as_pointer()), align=8)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.fpext(av, vty), xv)), acc)
+        v = builder.load(acc)
+        total = ir.Constant(dty, 0.0)
+        for t in range(32):
+            total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, t)))
+        s = cgutils.alloca_once_value(builder, total)
+        with cgutils.for_range(builder, builder.sub(kv, builder.mul(nfull, c32))) as loop:
+            t = builder.add(builder.mul(nfull, c32), loop.index)
+            av = builder.fpext(builder.load(builder.gep(ap, [builder.add(a0v, t)])), dty)
+            xv = builder.load(builder.gep(xp, [builder.add(x0v, t)]))
+            builder.store(builder.fadd(builder.load(s), builder.fmul(av, xv)), s)
         return builder.load(s)
     return sig, codegen
 

@@ -160,6 +160,35 @@ def test_attention_decode_is_the_per_batch_path(G, H, n, k, m):
     assert (np.abs(fast.astype(np.float64) - got.astype(np.float64)) <= bound).all(), "fast attention product"
 
 
+@pytest.mark.parametrize("k", [1, 31, 32, 33, 64, 100, 576])
+def test_exact_f32_row_dot_is_dot_f64(k):
+    """Exact numerics' f32-row dots (f32 weights' decode, attention's products) run `simd.vdot64_f32`: the
+    lanes, products and order of `_dot_f64`, so the same f64 bits -- checked against `_dot_f64` itself on
+    rows of mixed magnitudes, where the order of the f64 additions shows."""
+    from numba import njit
+    from refimpl.kernels import simd
+
+    @njit
+    def both(W, B, acc):
+        n, M = W.shape[0], B.shape[0]
+        got, want = np.empty((M, n)), np.empty((M, n))
+        for r in range(n):
+            for j in range(M):
+                got[j, r] = simd.vdot64_f32(W, r * W.shape[1], B, j * B.shape[1], B.shape[1])
+                want[j, r] = km._dot_f64(W[r], B[j], B.shape[1], acc)
+        return got, want
+    rng = np.random.default_rng(k)
+    W = (rng.standard_normal((23, k)) * 10.0 ** rng.integers(-20, 20, (23, k))).astype(np.float32)
+    B = rng.standard_normal((3, k)).astype(np.float32).astype(np.float64) * 10.0 ** rng.integers(-9, 9, (3, 1))
+    got, want = both(W, B, np.empty(km.LANES))
+    assert_bits_equal(got, want, f"vdot64_f32, k={k}")
+    out = np.empty((3, 23), np.float32)
+    km._gemv_f32(W, B, out, 0, 23)
+    assert_bits_equal(out, want.astype(np.float32), "exact f32-weight decode")
+    with pytest.raises(ValueError, match="do not match"):
+        km._gemv_f32(W, B, out, 0, 24)                                         # past the last weight row
+
+
 @pytest.mark.parametrize("numerics", ["exact", "fast"])
 @pytest.mark.parametrize("G,H,n,k,m", [(3, 9, 97, 64, 1), (1, 4, 5, 33, 2), (2, 6, 40, 100, 8)])
 def test_attention_decode_reads_the_cache_layout_in_place(numerics, G, H, n, k, m):
