@@ -236,7 +236,13 @@ class RWKVTokenizer:
         out: list[int] = []
         for f in self._partition(text, parse_special):
             if isinstance(f, str):
-                out.extend(self.encode_bytes(f.encode("utf-8")))
+                try:
+                    data = f.encode("utf-8")
+                except UnicodeEncodeError as e:      # a lone surrogate: no UTF-8 bytes to tokenize
+                    raise ValueError(f"RWKV tokenizer: the text is not valid Unicode ({e.reason}: "
+                                     f"{f[e.start]!r} at position {e.start} of a text piece); tokenize raw "
+                                     f"bytes with encode_bytes") from None
+                out.extend(self.encode_bytes(data))
             else:
                 out.append(f)
         return out
