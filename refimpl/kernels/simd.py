@@ -132,6 +132,14 @@ def _hsum32(builder, v):
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
+def _lanes_in_order(builder, v):
+    """Sum of the 32 lanes in lane order, from 0.0 (matmul._dot_f64's ending)."""
+    s = ir.Constant(v.type.element, 0.0)
+    for t in range(32):
+        s = builder.fadd(s, builder.extract_element(v, ir.Constant(_I32, t)))
+    return s
+
+
 # Bytes ahead of the current block to prefetch: weights stream from memory once per token (SmolLM2's 60
 # Q4_1 matrices of 1536x576 cycled: 107-124 us a matrix without, 82-92 with 1024 bytes ahead, one core;
 # the decode of a token, two threads: 10.6-11.0 ms of weight products at 1024, 9.9-10.4 at 2048).
@@ -177,12 +185,7 @@ def _make(decode, type_size: int, name: str, wide: bool = False):
                 xs = builder.load(builder.bitcast(builder.gep(xp, [xo]), vty.as_pointer()), align=4)
                 builder.store(_fma(builder, w, xs, builder.load(acc)), acc)
             v = builder.load(acc)
-            if not wide:
-                return _hsum32(builder, v)
-            s = ir.Constant(lty, 0.0)
-            for t in range(32):
-                s = builder.fadd(s, builder.extract_element(v, ir.Constant(_I32, t)))
-            return s
+            return _lanes_in_order(builder, v) if wide else _hsum32(builder, v)
         return sig, codegen
     vdot.__name__ = vdot.__qualname__ = f"vdot{'64' if wide else ''}_{name}"
     return vdot
@@ -195,76 +198,63 @@ vdot_q5_1 = _make(_q5_1, 24, "q5_1")
 vdot_q8_0 = _make(_q8_0, 34, "q8_0")
 
 
-@intrinsic
-def vdot_f32(typingctx, A, a0, X, x0, k):
-    """Σ A[a0 + t] * X[x0 + t] over t < k, f32 operands and sums: 32 lanes with one rounding per product
+def _make_row_dot(wide: bool):
+    """vdot_f32 (f32 rows, 32 f32 lanes with one fused rounding per product, lanes added pairwise, the tail
+    fused in order) or, wide, vdot64_f32 (an f32 row times an f64 one: 32 f64 lanes, each product rounded
+    and then added as matmul._dot_f64 does, lanes added in order from 0.0, the tail in order)."""
+    xty, lty = (types.float64, ir.DoubleType()) if wide else (types.float32, _F32)
+    vty = ir.VectorType(lty, 32)
+
+    def step(builder, a, x, acc):
+        """acc + a * x for A's value(s) a (f32) and X's x: fused in f32; in f64 the product, then the sum."""
+        if wide:
+            return builder.fadd(acc, builder.fmul(builder.fpext(a, x.type), x))
+        return _fma(builder, a, x, acc)
+
+    @intrinsic
+    def vdot(typingctx, A, a0, X, x0, k):
+        if not (isinstance(A, types.Array) and A.dtype == types.float32 and A.layout == "C"
+                and isinstance(X, types.Array) and X.dtype == xty and X.layout == "C"):
+            return None
+        sig = xty(A, types.intp, X, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            Av, a0v, Xv, x0v, kv = args
+            ap = context.make_array(signature.args[0])(context, builder, Av).data
+            xp = context.make_array(signature.args[2])(context, builder, Xv).data
+            c32 = ir.Constant(kv.type, 32)
+            nfull = builder.sdiv(kv, c32)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * 32))
+            with cgutils.for_range(builder, nfull) as loop:
+                o = builder.mul(loop.index, c32)
+                ao, xo = builder.gep(ap, [builder.add(a0v, o)]), builder.gep(xp, [builder.add(x0v, o)])
+                av = builder.load(builder.bitcast(ao, _V32F.as_pointer()), align=4)
+                xv = builder.load(builder.bitcast(xo, vty.as_pointer()), align=4)
+                builder.store(step(builder, av, xv, builder.load(acc)), acc)
+            v = builder.load(acc)
+            s = cgutils.alloca_once_value(builder, _lanes_in_order(builder, v) if wide else _hsum32(builder, v))
+            with cgutils.for_range(builder, builder.sub(kv, builder.mul(nfull, c32))) as loop:
+                t = builder.add(builder.mul(nfull, c32), loop.index)
+                av = builder.load(builder.gep(ap, [builder.add(a0v, t)]))
+                xv = builder.load(builder.gep(xp, [builder.add(x0v, t)]))
+                builder.store(step(builder, av, xv, builder.load(s)), s)
+            return builder.load(s)
+        return sig, codegen
+    return vdot
+
+
+vdot_f32 = _make_row_dot(False)
+vdot_f32.__name__ = vdot_f32.__qualname__ = "vdot_f32"
+vdot_f32.__doc__ = """Σ A[a0 + t] * X[x0 + t] over t < k, f32 operands and sums: 32 lanes with one rounding per product
     (lane t % 32 for the first 32 * (k // 32) terms), added pairwise, then the rest in order. A and X
     C-contiguous f32 of any shape (flat element offsets); the caller checks the bounds."""
-    if not all(isinstance(t, types.Array) and t.dtype == types.float32 and t.layout == "C" for t in (A, X)):
-        return None
-    sig = types.float32(A, types.intp, X, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        Av, a0v, Xv, x0v, kv = args
-        ap = context.make_array(signature.args[0])(context, builder, Av).data
-        xp = context.make_array(signature.args[2])(context, builder, Xv).data
-        c32 = ir.Constant(kv.type, 32)
-        nfull = builder.sdiv(kv, c32)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(_V32F, [0.0] * 32))
-        with cgutils.for_range(builder, nfull) as loop:
-            o = builder.mul(loop.index, c32)
-            vp = _V32F.as_pointer()
-            av = builder.load(builder.bitcast(builder.gep(ap, [builder.add(a0v, o)]), vp), align=4)
-            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(x0v, o)]), vp), align=4)
-            builder.store(_fma(builder, av, xv, builder.load(acc)), acc)
-        s = cgutils.alloca_once_value(builder, _hsum32(builder, builder.load(acc)))
-        with cgutils.for_range(builder, builder.sub(kv, builder.mul(nfull, c32))) as loop:
-            t = builder.add(builder.mul(nfull, c32), loop.index)
-            av = builder.load(builder.gep(ap, [builder.add(a0v, t)]))
-            xv = builder.load(builder.gep(xp, [builder.add(x0v, t)]))
-            builder.store(_fma(builder, av, xv, builder.load(s)), s)
-        return builder.load(s)
-    return sig, codegen
-
-
-@intrinsic
-def vdot64_f32(typingctx, A, a0, X, x0, k):
-    """Σ f64(A[a0 + t]) * X[x0 + t] over t < k, A f32 and X f64 C-contiguous of any shape (flat element
-    offsets): exact numerics' f32-row dot, the bits of matmul._dot_f64 -- 32 f64 lanes (lane t % 32 for the
-    first 32 * (k // 32) terms), each product rounded, then added (as _dot_f64 for any f64 X; for X widened
-    from f32 the products are exact), the lanes added in order from 0.0, then the rest in order. The caller
-    checks the bounds."""
-    if not (isinstance(A, types.Array) and A.dtype == types.float32 and A.layout == "C"
-            and isinstance(X, types.Array) and X.dtype == types.float64 and X.layout == "C"):
-        return None
-    sig = types.float64(A, types.intp, X, types.intp, types.intp)
-    dty = ir.DoubleType()
-    vty = ir.VectorType(dty, 32)
-
-    def codegen(context, builder, signature, args):
-        Av, a0v, Xv, x0v, kv = args
-        ap = context.make_array(signature.args[0])(context, builder, Av).data
-        xp = context.make_array(signature.args[2])(context, builder, Xv).data
-        c32 = ir.Constant(kv.type, 32)
-        nfull = builder.sdiv(kv, c32)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * 32))
-        with cgutils.for_range(builder, nfull) as loop:
-            o = builder.mul(loop.index, c32)
-            av = builder.load(builder.bitcast(builder.gep(ap, [builder.add(a0v, o)]), _V32F.as_pointer()), align=4)
-            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(x0v, o)]), vty.as_pointer()), align=8)
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.fpext(av, vty), xv)), acc)
-        v = builder.load(acc)
-        total = ir.Constant(dty, 0.0)
-        for t in range(32):
-            total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, t)))
-        s = cgutils.alloca_once_value(builder, total)
-        with cgutils.for_range(builder, builder.sub(kv, builder.mul(nfull, c32))) as loop:
-            t = builder.add(builder.mul(nfull, c32), loop.index)
-            av = builder.fpext(builder.load(builder.gep(ap, [builder.add(a0v, t)])), dty)
-            xv = builder.load(builder.gep(xp, [builder.add(x0v, t)]))
-            builder.store(builder.fadd(builder.load(s), builder.fmul(av, xv)), s)
-        return builder.load(s)
-    return sig, codegen
+vdot64_f32 = _make_row_dot(True)
+vdot64_f32.__name__ = vdot64_f32.__qualname__ = "vdot64_f32"
+vdot64_f32.__doc__ = """Σ f64(A[a0 + t]) * X[x0 + t] over t < k, A f32 and X f64 C-contiguous of any shape
+    (flat element offsets): exact numerics' f32-row dot, the bits of matmul._dot_f64 -- 32 f64 lanes (lane
+    t % 32 for the first 32 * (k // 32) terms), each product rounded, then added (as _dot_f64 for any f64 X;
+    for X widened from f32 the products are exact), the lanes added in order from 0.0, then the rest in
+    order. The caller checks the bounds."""
 
 
 # -- block decoding: the same vectors stored (refimpl.dequantize's values) ----------------------------------
