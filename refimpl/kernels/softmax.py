@@ -29,6 +29,7 @@ def _soft_max(a, na1, na2, mask, has_mask, slopes, sinks, has_sinks, scale, out,
     mask (m3, m2, >= na1, n) f32 tiled over h and s; slopes, sinks (na2,) f32."""
     n = a.shape[1]
     e = np.empty(n, np.float32)
+    p = np.empty(n, np.float32)            # the exps (exp32_into reads e again for its libm fallback)
     m3, m2 = mask.shape[0], mask.shape[1]
     for r in range(lo, hi):
         t = r % na1
@@ -53,14 +54,14 @@ def _soft_max(a, na1, na2, mask, has_mask, slopes, sinks, has_sinks, scale, out,
             M = sk
         for i in range(n):
             e[i] = e[i] - M
-        exp32_into(e, e, n)
-        total = pairwise_sum_f64(e, 0, n)
+        exp32_into(e, p, n, 1.0)
+        total = pairwise_sum_f64(p, 0, n)
         if has_sinks:
             total = total + np.float64(np.float32(np.exp(np.float64(sk - M))))
         inv = np.float32(1.0 / total)
         o = out[r]
         for i in range(n):
-            o[i] = e[i] * inv
+            o[i] = p[i] * inv
 
 
 def _covered(a, mask, max_bias, sinks) -> bool:

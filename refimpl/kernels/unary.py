@@ -35,12 +35,10 @@ def gelu_table_f32() -> np.ndarray:
 
 @njit(inline="always")
 def _silu_into(x, o):
-    """o = x / (1 + fl(exp(f64(-x)))) over 1-D x, o of one size: o first holds fl(exp(-x)) (`exp32_into`, the
-    exps vectorized with libm's bits), then the quotients."""
+    """o = x / (1 + fl(exp(f64(-x)))) over 1-D x, o of one size (different arrays): o first holds
+    fl(exp(-x)) (`exp32_into`, the exps vectorized with libm's bits), then the quotients."""
     n = x.size
-    for i in range(n):
-        o[i] = -x[i]
-    exp32_into(o, o, n)
+    exp32_into(x, o, n, -1.0)
     for i in range(n):
         o[i] = x[i] / (np.float32(1.0) + o[i])
 
@@ -64,13 +62,11 @@ def _unary(kind, x, tab, out, lo, hi):
         for i in range(n):
             o[i] = _gelu(xs[i], tab)
     elif kind == SIGMOID:                  # fl(exp(-x)) first (vectorized, libm's bits), then 1 / (1 + e)
-        for i in range(n):
-            o[i] = -xs[i]
-        exp32_into(o, o, n)
+        exp32_into(xs, o, n, -1.0)
         for i in range(n):
             o[i] = np.float32(1.0) / (np.float32(1.0) + o[i])
     elif kind == EXP:
-        exp32_into(xs, o, n)
+        exp32_into(xs, o, n, 1.0)
     else:                                  # relu: x > 0 is false for -0 and NaN, which give +0
         for i in range(n):
             v = xs[i]

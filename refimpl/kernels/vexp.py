@@ -107,23 +107,25 @@ def _exp_poly(x):
 
 
 @njit(inline="always")
-def exp32_into(src, dst, n):
-    """dst[i] = fl32(exp(f64(src[i]))) for i < n (src, dst f32; may be the same array), libm's bits.
-    Returns the number of elements that took libm's path."""
+def exp32_into(src, dst, n, sign):
+    """dst[i] = fl32(exp(sign * f64(src[i]))) for i < n (src, dst f32, sign 1.0 or -1.0), libm's bits.
+    src and dst must be different arrays: the elements that take libm's path are found again from src
+    after dst is written. Returns the number of elements that took libm's path."""
     bad = 0
     for i in range(n):
-        y, ok = _exp_poly(np.float64(src[i]))
+        y, ok = _exp_poly(sign * np.float64(src[i]))
         dst[i] = np.float32(y)
         bad += 0 if ok else 1
     if bad:
         for i in range(n):
-            y, ok = _exp_poly(np.float64(src[i]))
+            x = sign * np.float64(src[i])
+            y, ok = _exp_poly(x)
             if not ok:
-                dst[i] = np.float32(np.exp(np.float64(src[i])))
+                dst[i] = np.float32(np.exp(x))
     return bad
 
 
 @njit(cache=True, nogil=True)
 def exp32(src, dst):
     """`exp32_into` over whole 1-D arrays (for tests and NumPy callers)."""
-    return exp32_into(src, dst, src.shape[0])
+    return exp32_into(src, dst, src.shape[0], 1.0)

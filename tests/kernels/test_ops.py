@@ -109,3 +109,24 @@ def test_kernel_matches_reference_split_over_threads(op, monkeypatch):
     monkeypatch.setattr("refimpl.kernels._common.n_threads", lambda: 3)
     for case in named_cases(op)[:12]:
         _check(case)
+
+
+@pytest.mark.parametrize("op", ["silu", "sigmoid", "exp", "swiglu", "soft_max_ext"])
+def test_exp_fallback_reads_the_inputs(op):
+    """An element outside the vector exp's fast path (NaN, or past +-87) sends `vexp.exp32_into` back over
+    its inputs for libm's values; the kernels give it separate input and output arrays, so the other
+    elements keep their exps (a silu row with NaNs and |x| ~ 9 once came out wrong when the exps were
+    computed in place: NaN triggered the second pass, which then read exps instead of inputs)."""
+    rng = np.random.default_rng(3)
+    x = (rng.uniform(-10, 10, (4, 56))).astype(np.float32)
+    x[0, :3] = np.nan
+    x[1, 5] = 95.0
+    x[2, 7] = -120.0
+    x[3, 0] = -np.inf
+    args = {"silu": (x,), "sigmoid": (x,), "exp": (x,), "swiglu": (x, x[::-1].copy()),
+            "soft_max_ext": (x * np.float32(12),)}[op]
+    with refimpl.backend("numpy"), np.errstate(all="ignore"):
+        ref = getattr(refimpl, op)(*args)
+    with refimpl.backend("numba"):
+        got = getattr(refimpl, op)(*args)
+    assert_bits_equal(got, ref, f"{op} with exps on libm's path")
