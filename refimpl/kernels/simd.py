@@ -267,7 +267,11 @@ def _row_address(context, builder, aryty, ary, i):
     return builder.gep(base, [builder.mul(i, stride0)])
 
 
-def _make_dec(decode, name: str):
+def _make_dec(decode, name: str, doc: str | None = None, stores: bool = False):
+    """vdec_<name>(src, i, out, j): block src[i] (row-contiguous bytes) decoded into row j of out (f32,
+    row-contiguous). decode(builder, block address) returns the block's 32 values as one vector, which
+    vdec stores at out[j, :32]; with stores=True, decode(builder, block address, f32 address) stores the
+    block's values itself (a block wider than one vector)."""
     @intrinsic
     def vdec(typingctx, src, i, out, j):
         if not (isinstance(src, types.Array) and src.dtype == types.uint8 and src.ndim == 2
@@ -279,12 +283,16 @@ def _make_dec(decode, name: str):
             s, iv, o, jv = args
             blk = _row_address(context, builder, signature.args[0], s, iv)
             dst = _row_address(context, builder, signature.args[2], o, jv)
-            builder.store(decode(builder, blk), builder.bitcast(dst, _V32F.as_pointer()), align=4)
+            if stores:
+                decode(builder, blk, builder.bitcast(dst, _F32.as_pointer()))
+            else:
+                builder.store(decode(builder, blk), builder.bitcast(dst, _V32F.as_pointer()), align=4)
             return context.get_dummy_value()
         return sig, codegen
     vdec.__name__ = vdec.__qualname__ = f"vdec_{name}"
-    vdec.__doc__ = (f"Block src[i] ({name}, row-contiguous bytes) decoded into out[j, :32] (f32, row-contiguous):"
-                    " the vector of vdot_{name}. The caller checks i, j and both inner strides.")
+    vdec.__doc__ = doc or (f"Block src[i] ({name}, row-contiguous bytes) decoded into out[j, :32] (f32, "
+                           f"row-contiguous): the vector of vdot_{name}. The caller checks i, j and both inner "
+                           "strides.")
     return vdec
 
 
@@ -311,22 +319,9 @@ def _tq1_0_block(b, p, dst):
     _tq1_0_digits(b, _load(b, p, 48, ir.VectorType(_I8, 4)), 4, d, dst, 240, 4)
 
 
-@intrinsic
-def vdec_tq1_0(typingctx, src, i, out, j):
-    """TQ1_0 block src[i] (54 row-contiguous bytes) decoded into out[j, :256] (f32, row-contiguous): the
-    values of the loop in quants._dq_tq1_0. The caller checks i, j and both inner strides."""
-    if not (isinstance(src, types.Array) and src.dtype == types.uint8 and src.ndim == 2
-            and isinstance(out, types.Array) and out.dtype == types.float32 and out.ndim == 2):
-        return None
-    sig = types.none(src, types.intp, out, types.intp)
-
-    def codegen(context, builder, signature, args):
-        s, iv, o, jv = args
-        blk = _row_address(context, builder, signature.args[0], s, iv)
-        dst = builder.bitcast(_row_address(context, builder, signature.args[2], o, jv), _F32.as_pointer())
-        _tq1_0_block(builder, blk, dst)
-        return context.get_dummy_value()
-    return sig, codegen
+vdec_tq1_0 = _make_dec(_tq1_0_block, "tq1_0", stores=True, doc=(
+    "TQ1_0 block src[i] (54 row-contiguous bytes) decoded into out[j, :256] (f32, row-contiguous): the values "
+    "of the loop in quants._dq_tq1_0. The caller checks i, j and both inner strides."))
 
 
 vdec_q4_1 = _make_dec(_q4_1, "q4_1")
@@ -341,3 +336,4 @@ vdot64_q4_1 = _make(_q4_1, 20, "q4_1", wide=True)
 vdot64_q5_0 = _make(_q5_0, 22, "q5_0", wide=True)
 vdot64_q5_1 = _make(_q5_1, 24, "q5_1", wide=True)
 vdot64_q8_0 = _make(_q8_0, 34, "q8_0", wide=True)
+
