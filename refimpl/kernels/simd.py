@@ -19,6 +19,7 @@ Intrinsics (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 blocks unless noted):
     vdot_f32(A, a0, X, x0, k) -> f32         f32 rows, 32 f32 lanes (attention's decode products)
     vdot64_f32(A, a0, X, x0, k) -> f64       an f32 row times an f64 one, `_dot_f64`'s lanes and order (exact
                                              numerics' attention and f32-weight decode products)
+    vgelu16(x, i, tab, out)                  ggml's table GELU of x[i:i+16] into out[i:i+16] (unary.py)
 The callers check every bound the IR relies on (once per call); the IR itself does not, and its typing
 accepts only C-contiguous arrays, since it computes flat addresses.
 
@@ -337,3 +338,46 @@ vdot64_q5_0 = _make(_q5_0, 22, "q5_0", wide=True)
 vdot64_q5_1 = _make(_q5_1, 24, "q5_1", wide=True)
 vdot64_q8_0 = _make(_q8_0, 34, "q8_0", wide=True)
 
+
+# -- ggml's GELU table lookup, 16 elements a call -------------------------------------------------------------
+
+_V16F, _V16I32 = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
+
+
+def _f32_data(context, builder, aryty, ary):
+    return builder.bitcast(context.make_array(aryty)(context, builder, ary).data, _F32.as_pointer())
+
+
+@intrinsic
+def vgelu16(typingctx, x, i, tab, out):
+    """out[i:i+16] = unary._gelu(x[i:i+16]): 0 where x <= -10, x where x >= 10, else tab[f16 bits of x],
+    with the f16 bits of ggml's conversion (round to nearest even; NaN -> sign | 0x7E00, where the hardware
+    conversion would keep payload bits). x, tab, out 1-D C-contiguous f32; the caller checks i + 16 <= the
+    sizes of x and out, and tab has 65536 entries."""
+    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1 and a.layout == "C"
+               for a in (x, tab, out)):
+        return None
+    sig = types.none(x, types.intp, tab, out)
+
+    def codegen(context, builder, signature, args):
+        xa, iv, ta, oa = args
+        px = builder.gep(_f32_data(context, builder, signature.args[0], xa), [iv])
+        po = builder.gep(_f32_data(context, builder, signature.args[3], oa), [iv])
+        pt = _f32_data(context, builder, signature.args[2], ta)
+        v = builder.load(builder.bitcast(px, _V16F.as_pointer()), align=4)
+        idx = builder.zext(builder.bitcast(builder.fptrunc(v, ir.VectorType(_F16, 16)), ir.VectorType(_I16, 16)),
+                           _V16I32)
+        sign = builder.and_(builder.lshr(builder.bitcast(v, _V16I32), _const_vec(_V16I32, [16] * 16)),
+                            _const_vec(_V16I32, [0x8000] * 16))
+        nan_idx = builder.or_(sign, _const_vec(_V16I32, [0x7E00] * 16))
+        idx = builder.select(builder.fcmp_unordered("uno", v, v), nan_idx, idx)
+        g = ir.Constant(_V16F, ir.Undefined)
+        for lane in range(16):
+            k = builder.zext(builder.extract_element(idx, ir.Constant(_I32, lane)), ir.IntType(64))
+            g = builder.insert_element(g, builder.load(builder.gep(pt, [k])), ir.Constant(_I32, lane))
+        low = builder.fcmp_ordered("<=", v, _const_vec(_V16F, [-10.0] * 16))
+        high = builder.fcmp_ordered(">=", v, _const_vec(_V16F, [10.0] * 16))
+        r = builder.select(low, _const_vec(_V16F, [0.0] * 16), builder.select(high, v, g))
+        builder.store(r, builder.bitcast(po, _V16F.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return sig, codegen

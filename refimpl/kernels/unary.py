@@ -5,9 +5,11 @@ Versions:
     gelu    0 if x <= -10, x if x >= 10, else T[f16 bits of x] as f32   (T = elementwise.gelu_table())
     sigmoid 1 / (1 + fl(exp(f64(-x))));  exp  fl(exp(f64(x)));  relu  x if x > 0 else +0 (NaN -> +0)
     swiglu  silu(x) * g;   geglu  0 if x <= -10, x*g if x >= 10, else T[fl16(x)] * g
-Elements are split over threads. exp is `vexp.exp32_into` (vectorized, libm's f64 exp rounded to f32 bit
-for bit) where the reference rounds NumPy's f64 exp: the f32 values agree except where their f64 ulp
-straddles an f32 rounding boundary. f16 / bf16 inputs and non-contiguous layouts run the NumPy reference.
+Elements are split over threads; gelu looks up 16 at a time (`simd.vgelu16`: the hardware f32 -> f16
+conversion, which rounds as ggml's does, NaN lanes given ggml's sign | 0x7E00). exp is `vexp.exp32_into`
+(vectorized, libm's f64 exp rounded to f32 bit for bit) where the reference rounds NumPy's f64 exp: the f32
+values agree except where their f64 ulp straddles an f32 rounding boundary. f16 / bf16 inputs and
+non-contiguous layouts run the NumPy reference.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from ..ops._shapes import ne4
 from ..quants._common import f16_to_f32
 from ._common import f16_bits, parallel_ranges
 from .vexp import exp32_into
+from .simd import vgelu16
 
 PAR_MIN = 1 << 16       # elements per thread at least
 SILU, GELU, SIGMOID, EXP, RELU = 0, 1, 2, 3, 4
@@ -58,8 +61,11 @@ def _unary(kind, x, tab, out, lo, hi):
     n = xs.size
     if kind == SILU:
         _silu_into(xs, o)
-    elif kind == GELU:
-        for i in range(n):
+    elif kind == GELU:                     # 16 at a time (`simd.vgelu16`: the same lookups), then the tail
+        n16 = n - n % 16
+        for i in range(0, n16, 16):
+            vgelu16(xs, i, tab, o)
+        for i in range(n16, n):
             o[i] = _gelu(xs[i], tab)
     elif kind == SIGMOID:                  # fl(exp(-x)) first (vectorized, libm's bits), then 1 / (1 + e)
         exp32_into(xs, o, n, -1.0)

@@ -130,3 +130,20 @@ def test_exp_fallback_reads_the_inputs(op):
     with refimpl.backend("numba"):
         got = getattr(refimpl, op)(*args)
     assert_bits_equal(got, ref, f"{op} with exps on libm's path")
+
+
+@pytest.mark.parametrize("n", [65536 + 5, 1 << 20])
+def test_gelu_vector_lookup_every_f16_and_bit_pattern(n):
+    """The GELU kernel's 16-lane table lookup (`simd.vgelu16`: hardware f32 -> f16 conversion, NaN lanes
+    set to ggml's sign | 0x7E00) gives the reference's bits on every f16 value (each table entry, both
+    sides of +-10), on random f32 bit patterns (NaNs with payloads, subnormals, values that round to f16
+    inf) and on a tail shorter than 16; the large size also runs split over threads."""
+    rng = np.random.default_rng(n)
+    every_f16 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    bits = rng.integers(0, 2 ** 32, n - every_f16.size, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([every_f16, bits])
+    with refimpl.backend("numpy"), np.errstate(all="ignore"):
+        ref = refimpl.gelu(x)
+    with refimpl.backend("numba"):
+        got = refimpl.gelu(x)
+    assert_bits_equal(got, ref, f"gelu on {n} values")
