@@ -1,0 +1,151 @@
+"""refimpl's BLAS calls run OpenBLAS's threaded jobs on a pool whose threads sleep between calls.
+
+NumPy's OpenBLAS keeps its worker threads spinning (sched_yield in a loop) for 2^28 cycles, ~0.1 s, after every
+threaded call before they sleep: its THREAD_TIMEOUT, read from OPENBLAS_THREAD_TIMEOUT once, when the library
+loads. A model alternates GEMMs with multi-threaded Numba kernels a few milliseconds long, so a spinning worker
+holds a core that the kernels need: on 2 cores every kernel after a GEMM ran at about half its speed (MiniLM,
+long batch: soft_max_ext 9.9 ms a layer after a matmul against 4.9 with OPENBLAS_THREAD_TIMEOUT=4).
+
+OpenBLAS >= 0.3.27 lets its caller run the jobs of a threaded call (`openblas_set_threads_callback_function`,
+caller-managed threading): OpenBLAS splits the work exactly as it would for its own threads and hands the jobs
+to a callback, which must run them concurrently (the jobs of a level-3 call wait for each other's packed
+panels). While `shared()` is active -- around the BLAS calls of refimpl's mul_mat kernel -- the callback runs
+job 0 on the calling thread and the others on a pool of threads that wait on a queue, asleep, between calls.
+The partition, hence every result bit, is OpenBLAS's own (tests/kernels/test_blas_threads.py).
+
+The callback is installed only while some thread is inside `shared()` (a count under a lock) and is process
+wide meanwhile: another thread's NumPy BLAS call in that window runs its jobs the same way, with the same
+results. A BLAS whose library exports no such function (MKL, an older OpenBLAS, a NumPy linked to another
+BLAS) leaves `shared()` a no-op; REFIMPL_BLAS_THREADS=openblas keeps OpenBLAS's own threads.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+# void callback(int sync, dojob_t dojob, int numjobs, size_t jobdata_elsize, void *jobdata, int dojob_data);
+# void dojob(int thread_num, void *jobdata, int dojob_data).  Pointers are taken as integers.
+_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t,
+                             ctypes.c_int)
+_DOJOB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_size_t, ctypes.c_int)
+_PREFIXES = (("scipy_openblas_", "64_"), ("scipy_openblas_", ""), ("openblas_", "64_"), ("openblas_", ""))
+
+_lock = threading.Lock()
+_active = 0
+_setter = None          # the library's setter, once found; False when there is none
+_count = None           # its openblas_get_num_threads
+_pool: ThreadPoolExecutor | None = None
+_jobs: dict[int, ctypes._CFuncPtr] = {}
+
+
+def _openblas_paths() -> list[str]:
+    """Loaded shared objects named like OpenBLAS, NumPy's own (in numpy.libs or numpy's tree) first."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+    except OSError:
+        return []
+    import numpy as np
+    home = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))
+    found = sorted(p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in p)
+    return sorted(found, key=lambda p: not (p.startswith(home) and "numpy" in p))
+
+
+def _find_library():
+    """(setter of the threads callback, get_num_threads) of NumPy's OpenBLAS, or (False, None)."""
+    if os.environ.get("REFIMPL_BLAS_THREADS", "").lower() == "openblas":
+        return False, None
+    for path in _openblas_paths():
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        for pre, post in _PREFIXES:
+            setter = getattr(lib, f"{pre}set_threads_callback_function{post}", None)
+            count = getattr(lib, f"{pre}get_num_threads{post}", None)
+            if setter is not None and count is not None:
+                setter.argtypes, setter.restype = [ctypes.c_void_p], None
+                count.argtypes, count.restype = [], ctypes.c_int
+                return setter, count
+    return False, None
+
+
+def _pool_for(workers: int) -> ThreadPoolExecutor:
+    """A pool of at least `workers` threads: every job of one call must be able to run at once."""
+    global _pool
+    with _lock:
+        if _pool is None or _pool._max_workers < workers:
+            old, _pool = _pool, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refimpl-blas")
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool
+
+
+def _run_jobs(sync, dojob, numjobs, elsize, jobdata, dojob_data):
+    """OpenBLAS's callback: job i is dojob(i, jobdata + i * elsize, dojob_data); all of them, concurrently."""
+    job = _jobs.get(dojob)
+    if job is None:
+        job = _jobs.setdefault(dojob, _DOJOB(dojob))
+    waits = []
+    for i in range(1, numjobs):
+        args = (i, jobdata + i * elsize, dojob_data)
+        try:
+            waits.append(_pool_for(numjobs - 1).submit(job, *args).result)
+        except Exception:                    # no pool (shut down at interpreter exit, ...): a thread of its
+            t = threading.Thread(target=job, args=args)   # own, as a job not run would leave the result short
+            t.start()
+            waits.append(t.join)
+    job(0, jobdata, dojob_data)              # ctypes releases the GIL while the job runs
+    for w in waits:
+        w()
+
+
+_callback = _CALLBACK(_run_jobs)
+
+
+def available() -> bool:
+    """Whether NumPy's BLAS takes a threads callback (and REFIMPL_BLAS_THREADS does not say openblas)."""
+    global _setter, _count
+    if _setter is None:
+        _setter, _count = _find_library()
+    return _setter is not False
+
+
+def openblas_threads() -> int | None:
+    """The number of threads OpenBLAS splits a call into (openblas_get_num_threads), None without `available()`."""
+    return int(_count()) if available() else None
+
+
+@contextlib.contextmanager
+def shared():
+    """While active (in any thread), OpenBLAS's threaded calls run their jobs here: job 0 on the calling
+    thread, the others on a pool of sleeping threads. A no-op without `available()`."""
+    global _active
+    if not available():
+        yield
+        return
+    with _lock:
+        _active += 1
+        if _active == 1:
+            _setter(ctypes.cast(_callback, ctypes.c_void_p))
+    try:
+        yield
+    finally:
+        with _lock:
+            _active -= 1
+            if _active == 0:
+                _setter(None)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has neither the pool's threads nor the parent's callers: OpenBLAS's own threads again."""
+    global _active, _pool
+    _active, _pool = 0, None
+    if _setter:
+        _setter(None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,79 @@
+"""kernels.blas_threads: OpenBLAS's threaded calls run their jobs on refimpl's threads inside `shared()`.
+
+What must hold: OpenBLAS really hands the jobs over (the callback runs), the results are OpenBLAS's own bits
+(it partitions the work as for its own threads), concurrent callers neither deadlock nor mix results, and the
+callback is gone when the last `shared()` exits. Needs NumPy linked to an OpenBLAS with the threads callback
+(>= 0.3.27, as NumPy's wheels) splitting calls over 2 or more threads; skipped otherwise, saying which.
+"""
+import threading
+
+import numpy as np
+import pytest
+
+from refimpl.kernels import blas_threads as bt
+
+if not bt.available():
+    pytest.skip("NumPy's BLAS has no openblas_set_threads_callback_function (not NumPy's OpenBLAS >= 0.3.27, "
+                "or REFIMPL_BLAS_THREADS=openblas)", allow_module_level=True)
+if (bt.openblas_threads() or 1) < 2:
+    pytest.skip("OpenBLAS runs on one thread here (OPENBLAS_NUM_THREADS=1 or one CPU): no threaded calls",
+                allow_module_level=True)
+
+
+def _operands(seed, n=384, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, 2 * n)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_jobs_run_here_with_openblas_bits(dtype):
+    a, b = _operands(0, dtype=dtype)
+    ref = a @ b                                         # OpenBLAS's own threads
+    bt._jobs.clear()
+    with bt.shared():
+        got = a @ b
+        got_t = np.matmul(b.T, a.T)
+    assert bt._jobs, "OpenBLAS did not hand the threaded call's jobs to the callback"
+    assert np.array_equal(got, ref)
+    assert np.array_equal(got_t, b.T @ a.T)
+
+
+def test_callback_is_removed_when_the_last_scope_exits():
+    a, b = _operands(1)
+    with bt.shared():
+        with bt.shared():
+            pass
+        bt._jobs.clear()
+        a @ b
+        assert bt._jobs                                 # still installed: the outer scope is open
+    bt._jobs.clear()
+    a @ b
+    assert not bt._jobs and bt._active == 0
+
+
+def test_concurrent_callers_get_their_own_results():
+    """Two threads in shared() at once: each call's jobs must all run concurrently (a level-3 call's jobs
+    wait for each other), so a pool too small or shared wrongly would hang or mix results."""
+    cases = [_operands(10 + i) for i in range(4)]
+    refs = [a @ b for a, b in cases]
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            with bt.shared():
+                for _ in range(5):
+                    a, b = cases[i]
+                    results[i] = a @ b
+        except Exception as e:                          # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a BLAS call under shared() did not finish in 120 s"
+    assert not errors, errors
+    for i, ref in enumerate(refs):
+        assert np.array_equal(results[i], ref), i
+    assert bt._active == 0
