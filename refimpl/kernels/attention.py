@@ -6,6 +6,9 @@ Versions:
            M = NaN-propagating max with the sink, e = exp(s - M) (0 where s = -inf), Σe in f64 by NumPy's
            pairwise order plus the sink's term, o = Σ_j e_j v_j in f64 in kv order; out = fl(o / Σ), 0 where
            Σ is not > 0 -- the reference's f64 formula, in a different summation order for the two dot products
+    mha_fast  numerics="fast": llama.cpp's attention without flash attention (kq, soft_max_ext, kqv) for
+           refimpl.models.bert, one (sequence, head) pair at a time: kq and kqv f32 sums in index order,
+           the softmax through softmax.soft_max_row (the op kernel's steps and bits)
 Work items (sequence, head, query row) are split over threads. K is handed over transposed (head_dim rows
 of n_kv values), so the score loop runs over kv positions with one independent f64 sum each (vectorised
 without reassociating any sum). A tile of 64 kv positions whose mask is all -inf is skipped when q and K
@@ -31,6 +34,7 @@ from ..ops._shapes import ne4
 from ..ops.softmax import alibi_slopes
 from ..qtensor import QTensor, dequantize
 from ._common import pairwise_sum_f64, parallel_ranges
+from .softmax import soft_max_row
 
 PAR_MIN = 1 << 16       # multiply-adds (n_kv * (head_dim + head_dim_v) per query row) per thread at least
 TILE = 64               # kv positions per score tile (and per check of the mask for a skip)
@@ -204,3 +208,83 @@ def flash_attn_ext(q, k, v, mask=None, scale: float = 1.0, max_bias: float = 0.0
                     S * H * N, per)
     nd = max(q.ndim, 3)
     return out.reshape(out.shape[4 - nd:])
+
+
+# -- llama.cpp's attention without flash attention, fused: fast numerics -------------------------------------
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _mha_fast(q, k, v, mask, has_mask, scale, out, lo, hi):
+    """(sequence, head) pairs lo..hi-1 (item = s * H + h) of q (S, T, H, D), k, v (S, N, H, D) f32, mask
+    (m3, m2, >= T, N) f32 tiled over s and h; out (S, T, H, D) f32. Per query row t of the pair:
+        kq[j]  = f32 sum over d in index order of fl(q[t, d] * k[j, d])            (starting from +0)
+        p      = softmax.soft_max_row(kq, mask row t, slope 1, no sink, scale)    (soft_max_ext's bits)
+        out[d] = f32 sum over j in index order of fl(p[j] * v[j, d])              (starting from +0)"""
+    T, H, D = q.shape[1], q.shape[2], q.shape[3]
+    N = k.shape[1]
+    NP = (N + 15) // 16 * 16               # kv positions padded to whole vectors: no scalar remainder loop
+    m3, m2 = mask.shape[0], mask.shape[1]
+    kt = np.zeros((D, NP), np.float32)     # K^T of the pair; columns N.. stay 0
+    kqp = np.empty(NP, np.float32)
+    kq = kqp[:N]
+    e = np.empty(N, np.float32)
+    p = np.empty(N, np.float32)
+    acc = np.empty(D, np.float32)
+    for item in range(lo, hi):
+        s, h = item // H, item % H
+        for j in range(N):
+            kj = k[s, j, h]
+            for d in range(D):
+                kt[d, j] = kj[d]
+        for t in range(T):
+            qr = q[s, t, h]
+            kqp[:] = 0.0
+            for d in range(D):
+                qd = qr[d]
+                ktd = kt[d]
+                for j in range(NP):
+                    kqp[j] = kqp[j] + qd * ktd[j]
+            mr = mask[s % m3, h % m2, t] if has_mask else e
+            soft_max_row(kq, mr, has_mask, 1.0, np.float32(0.0), False, scale, e, p, kq)
+            acc[:] = 0.0
+            for j in range(N):
+                pj = kq[j]
+                vj = v[s, j, h]
+                for d in range(D):
+                    acc[d] = acc[d] + pj * vj[d]
+            o = out[s, t, h]
+            for d in range(D):
+                o[d] = acc[d]
+
+
+def mha_fast(q, k, v, mask, scale: float):
+    """llama.cpp's attention without flash attention (build_attn_mha: kq = mul_mat(K, Q), soft_max_ext with
+    the mask and scale, kqv = mul_mat(V^T, kq), heads concatenated) in one pass, as numerics="fast" runs
+    those ops: q (S, T, H, D), k, v (S, N, H, D) f32 C-contiguous, as the Q/K/V projections come out (no
+    head permutations); mask None or f32/f16 C-contiguous (m3, m2, >= T, N) with S % m3 == H % m2 == 0.
+    Returns (S, T, H*D) f32, or None for operands it does not cover (the caller runs the ops).
+
+    Both products sum fl32 products in f32 in index order, an order numerics="fast" allows mul_mat (its
+    bound, tests/test_numerics_fast.py); soft_max_ext runs exactly the kernel's row steps on those kq
+    values, so its result has the op's bits for them. No (S, H, T, N) score array, no head copies."""
+    if not all(isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 4 and x.flags.c_contiguous
+               and x.size for x in (q, k, v)):
+        return None
+    S, T, H, D = q.shape
+    if k.shape != v.shape or k.shape[0] != S or k.shape[2:] != (H, D):
+        return None
+    N = k.shape[1]
+    if mask is not None:
+        if not (isinstance(mask, np.ndarray) and mask.dtype in (np.float16, np.float32) and mask.ndim == 4
+                and mask.flags.c_contiguous):
+            return None
+        m3, m2, mt, mn = mask.shape
+        if mn != N or mt < T or min(m3, m2) < 1 or S % m3 or H % m2:
+            return None
+        m4 = mask.astype(np.float32, copy=False)
+    else:
+        m4 = np.zeros((1, 1, 1, 1), np.float32)
+    out = np.empty((S, T, H, D), np.float32)
+    sc = np.float32(scale)
+    per = max(1, PAR_MIN // max(1, T * N * D))
+    parallel_ranges(lambda lo, hi: _mha_fast(q, k, v, m4, mask is not None, sc, out, lo, hi), S * H, per)
+    return out.reshape(S, T, H * D)

@@ -23,45 +23,50 @@ from .vexp import exp32_into
 PAR_MIN = 1 << 14       # elements per thread at least
 
 
+@njit(inline="always")
+def soft_max_row(x, mr, has_mask, sl, sk, has_sinks, scale, e, p, o):
+    """One row of soft_max_ext: o = softmax(fl(x*scale) [+ sl*mr]) with the sink sk, the reference's steps
+    (see the module). x, o (n,) f32 (o may be x); mr (n,) f32 mask row; sl the row's slope (f64); e, p (n,)
+    f32 scratch (different arrays: exp32_into reads its inputs again for libm's fallback)."""
+    n = x.size
+    for i in range(n):
+        e[i] = x[i] * scale
+    if has_mask:
+        for i in range(n):
+            e[i] = np.float32(np.float64(e[i]) + sl * np.float64(mr[i]))
+    M = e[0]
+    for i in range(1, n):
+        v = e[i]
+        if v > M or v != v:
+            if M == M:
+                M = v
+    if has_sinks and (sk > M or sk != sk) and M == M:
+        M = sk
+    for i in range(n):
+        e[i] = e[i] - M
+    exp32_into(e, p, n, 1.0)
+    total = pairwise_sum_f64(p, 0, n)
+    if has_sinks:
+        total = total + np.float64(np.float32(np.exp(np.float64(sk - M))))
+    inv = np.float32(1.0 / total)
+    for i in range(n):
+        o[i] = p[i] * inv
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _soft_max(a, na1, na2, mask, has_mask, slopes, sinks, has_sinks, scale, out, lo, hi):
     """Rows lo..hi-1 of a (rows, n) f32, row r = (s, h, t) with t = r % na1, h = r // na1 % na2;
     mask (m3, m2, >= na1, n) f32 tiled over h and s; slopes, sinks (na2,) f32."""
     n = a.shape[1]
     e = np.empty(n, np.float32)
-    p = np.empty(n, np.float32)            # the exps (exp32_into reads e again for its libm fallback)
+    p = np.empty(n, np.float32)
     m3, m2 = mask.shape[0], mask.shape[1]
     for r in range(lo, hi):
         t = r % na1
         h = (r // na1) % na2
         s = r // (na1 * na2)
-        x = a[r]
-        for i in range(n):
-            e[i] = x[i] * scale
-        if has_mask:
-            mr = mask[s % m3, h % m2, t]
-            sl = np.float64(slopes[h])
-            for i in range(n):
-                e[i] = np.float32(np.float64(e[i]) + sl * np.float64(mr[i]))
-        M = e[0]
-        for i in range(1, n):
-            v = e[i]
-            if v > M or v != v:
-                if M == M:
-                    M = v
-        sk = sinks[h]
-        if has_sinks and (sk > M or sk != sk) and M == M:
-            M = sk
-        for i in range(n):
-            e[i] = e[i] - M
-        exp32_into(e, p, n, 1.0)
-        total = pairwise_sum_f64(p, 0, n)
-        if has_sinks:
-            total = total + np.float64(np.float32(np.exp(np.float64(sk - M))))
-        inv = np.float32(1.0 / total)
-        o = out[r]
-        for i in range(n):
-            o[i] = p[i] * inv
+        mr = mask[s % m3, h % m2, t] if has_mask else e
+        soft_max_row(a[r], mr, has_mask, np.float64(slopes[h]), sinks[h], has_sinks, scale, e, p, out[r])
 
 
 def _covered(a, mask, max_bias, sinks) -> bool:

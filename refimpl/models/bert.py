@@ -46,6 +46,10 @@ projection, then after it and its bias; a dict keeps the second), ffn_inp-N, ffn
 llama.cpp names no tensor for a layer's output; refimpl calls it l_out-N as llama.cpp's other graphs do.
 Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [..., n_tokens, n_seq].
 
+On the Numba backend in numerics="fast", `attention` runs kq, soft_max_ext and kqv as one kernel
+(`refimpl.kernels.attention.mha_fast`: f32 sums in index order, an order fast mode allows mul_mat, and the
+softmax's bits for those scores), reading Q, K and V where the projections put them; a capture runs the ops.
+
 Under `refimpl.backend("cuda")` the activations stay on the device between ops (as in refimpl.models.llama:
 weights uploaded once, the head permutations run as CUDA kernels, the mask uploaded once per batch); `forward`
 returns NumPy states and `embed` pools on the device and copies each pooled vector back.
@@ -59,7 +63,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import add, current_numerics, gelu, gelu_erf, get_rows, mul, norm, soft_max_ext
+from ..ops import add, current_backend, current_numerics, gelu, gelu_erf, get_rows, mul, norm, soft_max_ext
 from ..ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
 from .llama import device_constant, gpu_mode, on_device, permuted, to_device, to_host
 
@@ -317,10 +321,14 @@ def _load_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
 
 # -- the graph ---------------------------------------------------------------------------------------------
 
+def _no_capture(name: str, x) -> None:
+    return None
+
+
 def _capture(capture) -> Callable[[str, np.ndarray], None]:
     """A (name, array) callback; device arrays reach it as NumPy copies."""
     if capture is None:
-        return lambda name, x: None
+        return _no_capture
     if callable(capture):
         return lambda name, x: capture(name, to_host(x))
     return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
@@ -354,6 +362,11 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     ne [n_kv, n_tokens, n_head, n_seq]; soft_max_ext with the mask and 1/sqrt(head_dim); kqv = mul_mat(V^T, kq).
     """
     S, T, H, D = q.shape
+    if cap is _no_capture and current_backend() == "numba" and current_numerics() == "fast" and not on_device(q):
+        from ..kernels.attention import mha_fast      # the three ops in one pass (numba is imported by now)
+        out = mha_fast(q, k, v, mask, scale)
+        if out is not None:
+            return out
     # ggml permutes Q as a view: under numerics="ggml" it stays a strided NumPy view, so that
     # ops.faithful.llamafile.mul_mat sees the non-contiguous f32 src1 that makes llama.cpp take vec_dot for kq
     ggml_view = current_numerics() == "ggml" and not on_device(q)
