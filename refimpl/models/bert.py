@@ -46,9 +46,12 @@ projection, then after it and its bias; a dict keeps the second), ffn_inp-N, ffn
 llama.cpp names no tensor for a layer's output; refimpl calls it l_out-N as llama.cpp's other graphs do.
 Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [..., n_tokens, n_seq].
 
-On the Numba backend in numerics="fast", `attention` runs kq, soft_max_ext and kqv as one kernel
-(`refimpl.kernels.attention.mha_fast`: f32 sums in index order, an order fast mode allows mul_mat, and the
-softmax's bits for those scores), reading Q, K and V where the projections put them; a capture runs the ops.
+On the Numba backend without a capture, two fusions run (a capture runs the ops, so every named tensor exists):
+the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is one kernel with the op
+sequence's bits (`refimpl.kernels.norm.add_norm_affine`; exact and fast numerics), and in numerics="fast"
+`attention` runs kq, soft_max_ext and kqv as one kernel (`refimpl.kernels.attention.mha_fast`: f32 sums in
+index order, an order fast mode allows mul_mat, and the softmax's bits for those scores), reading Q, K and V
+where the projections put them.
 
 Under `refimpl.backend("cuda")` the activations stay on the device between ops (as in refimpl.models.llama:
 weights uploaded once, the head permutations run as CUDA kernels, the mask uploaded once per batch); `forward`
@@ -396,10 +399,14 @@ def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     cap(f"Kcur-{il}", k)
     cap(f"Vcur-{il}", v)
     kqv = attention(q, k, v, mask, 1.0 / float(np.sqrt(np.float32(D))), cap, il)
-    cur = _linear(w.attn_output, w.attn_output_b, kqv.reshape(S * T, E))
-    cap(f"kqv_out-{il}", cur.reshape(S, T, E))
-    cur = add(cur, flat)                                                      # re-add the layer input
-    ffn_inp = _norm(cur, w.attn_output_norm, w.attn_output_norm_b, hp.norm_eps)
+    tail = _fused_tail(cap, x)
+    ffn_inp = tail(mul_mat(w.attn_output, kqv.reshape(S * T, E)), w.attn_output_b, flat, w.attn_output_norm,
+                   w.attn_output_norm_b, hp.norm_eps) if tail else None
+    if ffn_inp is None:
+        cur = _linear(w.attn_output, w.attn_output_b, kqv.reshape(S * T, E))
+        cap(f"kqv_out-{il}", cur.reshape(S, T, E))
+        cur = add(cur, flat)                                                  # re-add the layer input
+        ffn_inp = _norm(cur, w.attn_output_norm, w.attn_output_norm_b, hp.norm_eps)
     cap(f"ffn_inp-{il}", ffn_inp.reshape(S, T, E))
     up = mul_mat(w.ffn_up, ffn_inp)
     cap(f"ffn_up-{il}", up.reshape(S, T, -1))
@@ -409,14 +416,26 @@ def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     act = ACTS[hp.act](up)
     cap(f"ffn_{hp.act}-{il}", act.reshape(S, T, -1))
     cur = mul_mat(w.ffn_down, act)
-    if w.ffn_down_b is not None:
-        cap(f"ffn_down-{il}", cur.reshape(S, T, E))
-        cur = add(cur, device_constant(w.ffn_down_b))
-    cap(f"ffn_out-{il}", cur.reshape(S, T, E))
-    cur = add(cur, ffn_inp)                                                   # attention bypasses the FFN
-    out = _norm(cur, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps).reshape(S, T, E)
+    out = tail(cur, w.ffn_down_b, ffn_inp, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps) if tail else None
+    if out is None:
+        if w.ffn_down_b is not None:
+            cap(f"ffn_down-{il}", cur.reshape(S, T, E))
+            cur = add(cur, device_constant(w.ffn_down_b))
+        cap(f"ffn_out-{il}", cur.reshape(S, T, E))
+        cur = add(cur, ffn_inp)                                               # attention bypasses the FFN
+        out = _norm(cur, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps)
+    out = out.reshape(S, T, E)
     cap(f"l_out-{il}", out)
     return out
+
+
+def _fused_tail(cap, x):
+    """kernels.norm.add_norm_affine on the Numba backend in exact or fast numerics with no capture (the op
+    sequence bias add, residual add, norm, * w, + b in one pass, with its bits), else None: run the ops."""
+    if cap is _no_capture and current_backend() == "numba" and current_numerics() != "ggml" and not on_device(x):
+        from ..kernels.norm import add_norm_affine
+        return add_norm_affine
+    return None
 
 
 def _batch(tokens) -> tuple[list[np.ndarray], bool]:
