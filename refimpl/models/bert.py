@@ -46,12 +46,13 @@ projection, then after it and its bias; a dict keeps the second), ffn_inp-N, ffn
 llama.cpp names no tensor for a layer's output; refimpl calls it l_out-N as llama.cpp's other graphs do.
 Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [..., n_tokens, n_seq].
 
-On the Numba backend without a capture, two fusions run (a capture runs the ops, so every named tensor exists):
-the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is one kernel with the op
-sequence's bits (`refimpl.kernels.norm.add_norm_affine`; exact and fast numerics), and in numerics="fast"
-`attention` runs kq, soft_max_ext and kqv as one kernel (`refimpl.kernels.attention.mha_fast`: f32 sums in
-index order, an order fast mode allows mul_mat, and the softmax's bits for those scores), reading Q, K and V
-where the projections put them.
+On the Numba backend without a capture, op sequences run fused (a capture runs the ops, so every named tensor
+exists): the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is one kernel with
+the op sequence's bits (`refimpl.kernels.norm.add_norm_affine`), the FFN's up bias and GELU one more, in place
+on the projection's output (`refimpl.kernels.unary.bias_gelu_`), both in exact and fast numerics; in
+numerics="fast" `attention` runs kq, soft_max_ext and kqv as one kernel (`refimpl.kernels.attention.mha_fast`:
+f32 sums in index order, an order fast mode allows mul_mat, and the softmax's bits for those scores), reading
+Q, K and V where the projections put them.
 
 Under `refimpl.backend("cuda")` the activations stay on the device between ops (as in refimpl.models.llama:
 weights uploaded once, the head permutations run as CUDA kernels, the mask uploaded once per batch); `forward`
@@ -410,10 +411,15 @@ def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     cap(f"ffn_inp-{il}", ffn_inp.reshape(S, T, E))
     up = mul_mat(w.ffn_up, ffn_inp)
     cap(f"ffn_up-{il}", up.reshape(S, T, -1))
-    if w.ffn_up_b is not None:
-        up = add(up, device_constant(w.ffn_up_b))
-        cap(f"ffn_up_b-{il}", up.reshape(S, T, -1))
-    act = ACTS[hp.act](up)
+    act = None
+    if tail and hp.act == "gelu" and w.ffn_up_b is not None:
+        from ..kernels.unary import bias_gelu_
+        act = bias_gelu_(up, w.ffn_up_b)                  # in place: up is this layer's own temporary
+    if act is None:
+        if w.ffn_up_b is not None:
+            up = add(up, device_constant(w.ffn_up_b))
+            cap(f"ffn_up_b-{il}", up.reshape(S, T, -1))
+        act = ACTS[hp.act](up)
     cap(f"ffn_{hp.act}-{il}", act.reshape(S, T, -1))
     cur = mul_mat(w.ffn_down, act)
     out = tail(cur, w.ffn_down_b, ffn_inp, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps) if tail else None

@@ -1,7 +1,11 @@
-"""kernels.norm.add_norm_affine: the tail of a BERT sublayer -- add(norm(add(add(y, bias), res)) * w, b) --
-in one pass, with the bits of that op sequence on the Numba backend (every f32 rounding, in its order). Drawn
-shapes, optional bias / residual, non-finite values, eps from 0 up; and refimpl.models.bert, which runs it in
-exact and fast numerics without a capture, gives exactly the states of its op path in exact numerics.
+"""The kernels refimpl.models.bert fuses its op sequences into on the Numba backend, each with the bits of the
+sequence it replaces (every f32 rounding, in its order):
+
+    kernels.norm.add_norm_affine   add(norm(add(add(y, bias), res)) * w, b): a sublayer's tail
+    kernels.unary.bias_gelu_       gelu(add(y, bias)), in place: the FFN's up projection bias and activation
+
+Drawn shapes, optional operands, non-finite values and edge values; and the model, which runs them in exact and
+fast numerics without a capture, gives exactly the states of its op path in exact numerics.
 """
 import numpy as np
 import pytest
@@ -12,11 +16,12 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 import refimpl  # noqa: E402
 import refimpl.kernels  # noqa: E402
-from refimpl.ops import add, mul, norm  # noqa: E402
+from refimpl.ops import add, gelu, mul, norm  # noqa: E402
 from refimpl.testing import assert_bits_equal  # noqa: E402
 
 refimpl.kernels.load()
 from refimpl.kernels.norm import add_norm_affine  # noqa: E402
+from refimpl.kernels.unary import bias_gelu_  # noqa: E402
 
 
 def op_sequence(y, bias, res, w, b, eps):
@@ -62,6 +67,33 @@ def test_add_norm_affine_declines_what_it_does_not_cover():
     assert add_norm_affine(y, v, y.T.copy(), v, v, 1e-5) is None
     assert add_norm_affine(y, v, y, None, v, 1e-5) is None
     assert add_norm_affine(y, v, y, v, v, -1.0) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 30), n=st.sampled_from([1, 5, 16, 31, 64, 1536]), seed=st.integers(0, 2 ** 32 - 1),
+       sd=st.sampled_from([0.1, 3.0, 30.0]), special=st.booleans())
+def test_bias_gelu_has_the_op_sequence_bits(rows, n, seed, sd, special):
+    rng = np.random.default_rng(seed)
+    y = rng.normal(0, sd, (rows, n)).astype(np.float32)
+    bias = rng.normal(0, sd, n).astype(np.float32)
+    if special:                                           # non-finite values and both sides of gelu's +-10
+        edge = np.array([np.inf, -np.inf, np.nan, 10, -10, 9.999999, -9.999999, 0, -0.0, 65520], np.float32)
+        y.reshape(-1)[rng.integers(0, y.size, 6)] = rng.choice(edge, 6)
+        bias[rng.integers(0, n)] = rng.choice(edge)
+    with refimpl.backend("numba"), np.errstate(all="ignore"):
+        want = gelu(add(y, bias))
+    got = y.copy()
+    assert bias_gelu_(got, bias) is got
+    assert_bits_equal(got, want, f"bias_gelu_ ({rows}, {n})")
+
+
+def test_bias_gelu_declines_what_it_does_not_cover():
+    y = np.ones((3, 4), np.float32)
+    for args in ((y.astype(np.float16), np.ones(4, np.float32)), (y, np.ones(3, np.float32)),
+                 (y[:, ::2], np.ones(2, np.float32)), (y, np.ones(4, np.float64))):
+        before = np.array(args[0], copy=True)
+        assert bias_gelu_(*args) is None
+        assert np.array_equal(args[0], before)
 
 
 def test_bert_exact_states_are_the_op_path_bits(tmp_path):
