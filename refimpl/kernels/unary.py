@@ -5,7 +5,7 @@ Versions:
     gelu    0 if x <= -10, x if x >= 10, else T[f16 bits of x] as f32   (T = elementwise.gelu_table())
     sigmoid 1 / (1 + fl(exp(f64(-x))));  exp  fl(exp(f64(x)));  relu  x if x > 0 else +0 (NaN -> +0)
     swiglu  silu(x) * g;   geglu  0 if x <= -10, x*g if x >= 10, else T[fl16(x)] * g
-bias_gelu_ (refimpl.models.bert's FFN) adds a bias and applies gelu in place, the two ops' bits.
+bias_gelu_ (refimpl.models.bert) adds a bias in place and applies gelu (act=True), the ops' bits.
 Elements are split over threads; gelu looks up 16 at a time (`simd.vgelu16`: the hardware f32 -> f16
 conversion, which rounds as ggml's does, NaN lanes given ggml's sign | 0x7E00). exp is `vexp.exp32_into`
 (vectorized, libm's f64 exp rounded to f32 bit for bit) where the reference rounds NumPy's f64 exp: the f32
@@ -189,24 +189,28 @@ def geglu(a, b=None, *, swapped: bool = False):
 # -- a projection's bias and GELU fused (refimpl.models.bert's FFN) --------------------------------------------
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _bias_gelu(y, bias, tab, lo, hi):
-    """Rows lo..hi-1 of y (rows, n), in place: y = gelu(fl(y + bias)), gelu as `_unary` computes it."""
+def _bias_gelu(y, bias, tab, act, lo, hi):
+    """Rows lo..hi-1 of y (rows, n), in place: y = fl(y + bias), then with act y = gelu(y) as `_unary`
+    computes it."""
     n = y.shape[1]
     n16 = n - n % 16
     for r in range(lo, hi):
         row = y[r]
         for i in range(n):
             row[i] = row[i] + bias[i]
+        if not act:
+            continue
         for i in range(0, n16, 16):
             vgelu16(row, i, tab, row)
         for i in range(n16, n):
             row[i] = _gelu(row[i], tab)
 
 
-def bias_gelu_(y, bias):
-    """y <- gelu(add(y, bias)) in place, the bits of those two ops (ggml_add, then ggml_gelu's f16 table):
-    y (rows, n) f32 C-contiguous, a temporary the caller owns (a projection's output); bias (n,) f32.
-    Returns y, or None for operands it does not cover (y untouched; the caller runs the ops)."""
+def bias_gelu_(y, bias, act: bool = True):
+    """y <- gelu(add(y, bias)) in place, the bits of those two ops (ggml_add, then ggml_gelu's f16 table);
+    act=False: y <- add(y, bias) only. y (rows, n) f32 C-contiguous, a temporary the caller owns (a
+    projection's output); bias (n,) f32. Returns y, or None for operands it does not cover (y untouched;
+    the caller runs the ops)."""
     if not (isinstance(y, np.ndarray) and y.dtype == np.float32 and y.ndim == 2 and y.size and y.flags.c_contiguous
             and isinstance(bias, np.ndarray) and bias.dtype == np.float32 and bias.shape == (y.shape[1],)):
         return None
@@ -215,7 +219,7 @@ def bias_gelu_(y, bias):
     rows, n = y.shape
     per = max(1, PAR_MIN // n)
     if rows < 2 * per:
-        _bias_gelu(y, b, tab, 0, rows)
+        _bias_gelu(y, b, tab, act, 0, rows)
     else:
-        parallel_ranges(lambda lo, hi: _bias_gelu(y, b, tab, lo, hi), rows, per)
+        parallel_ranges(lambda lo, hi: _bias_gelu(y, b, tab, act, lo, hi), rows, per)
     return y

@@ -48,8 +48,9 @@ Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [
 
 On the Numba backend without a capture, op sequences run fused (a capture runs the ops, so every named tensor
 exists): the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is one kernel with
-the op sequence's bits (`refimpl.kernels.norm.add_norm_affine`), the FFN's up bias and GELU one more, in place
-on the projection's output (`refimpl.kernels.unary.bias_gelu_`), both in exact and fast numerics; in
+the op sequence's bits (`refimpl.kernels.norm.add_norm_affine`), the FFN's up bias and GELU one more, and the
+Q, K, V biases are added in place on the projections' outputs (`refimpl.kernels.unary.bias_gelu_`), all with
+the ops' bits in exact and fast numerics; in
 numerics="fast" `attention` runs kq, soft_max_ext and kqv as one kernel (`refimpl.kernels.attention.mha_fast`:
 f32 sums in index order, an order fast mode allows mul_mat, and the softmax's bits for those scores), reading
 Q, K and V where the projections put them.
@@ -348,6 +349,17 @@ def _linear(w, b, x):
     return y if b is None else add(y, device_constant(b))
 
 
+def _linear_in_place(w, b, x):
+    """`_linear` with the bias added in place on the product (kernels.unary.bias_gelu_, act=False: the add op's
+    bits), for the fused path of `layer`."""
+    y = mul_mat(w, x)
+    if b is None:
+        return y
+    from ..kernels.unary import bias_gelu_
+    out = bias_gelu_(y, b, act=False)
+    return add(y, b) if out is None else out
+
+
 def key_mask(lengths, n_tokens: int) -> np.ndarray:
     """(n_seq, 1, n_tokens, n_tokens) f32, ne [n_kv, n_tokens, 1, n_seq]: 0 where key j < lengths[s], else -inf.
 
@@ -393,14 +405,15 @@ def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     S, T, E = x.shape
     H, D = hp.n_head, hp.head_dim
     flat = x.reshape(S * T, E)
-    q = _linear(w.attn_q, w.attn_q_b, flat).reshape(S, T, H, D)
-    k = _linear(w.attn_k, w.attn_k_b, flat).reshape(S, T, H, D)
-    v = _linear(w.attn_v, w.attn_v_b, flat).reshape(S, T, H, D)
+    tail = _fused_tail(cap, x)
+    lin = _linear_in_place if tail else _linear
+    q = lin(w.attn_q, w.attn_q_b, flat).reshape(S, T, H, D)
+    k = lin(w.attn_k, w.attn_k_b, flat).reshape(S, T, H, D)
+    v = lin(w.attn_v, w.attn_v_b, flat).reshape(S, T, H, D)
     cap(f"Qcur-{il}", q)
     cap(f"Kcur-{il}", k)
     cap(f"Vcur-{il}", v)
     kqv = attention(q, k, v, mask, 1.0 / float(np.sqrt(np.float32(D))), cap, il)
-    tail = _fused_tail(cap, x)
     ffn_inp = tail(mul_mat(w.attn_output, kqv.reshape(S * T, E)), w.attn_output_b, flat, w.attn_output_norm,
                    w.attn_output_norm_b, hp.norm_eps) if tail else None
     if ffn_inp is None:

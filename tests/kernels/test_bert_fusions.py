@@ -2,7 +2,8 @@
 sequence it replaces (every f32 rounding, in its order):
 
     kernels.norm.add_norm_affine   add(norm(add(add(y, bias), res)) * w, b): a sublayer's tail
-    kernels.unary.bias_gelu_       gelu(add(y, bias)), in place: the FFN's up projection bias and activation
+    kernels.unary.bias_gelu_       gelu(add(y, bias)), in place: the FFN's up projection bias and activation;
+                                   add(y, bias) in place (act=False): the Q, K, V projections' biases
 
 Drawn shapes, optional operands, non-finite values and edge values; and the model, which runs them in exact and
 fast numerics without a capture, gives exactly the states of its op path in exact numerics.
@@ -69,10 +70,11 @@ def test_add_norm_affine_declines_what_it_does_not_cover():
     assert add_norm_affine(y, v, y, v, v, -1.0) is None
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("act", [True, False])
+@settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 30), n=st.sampled_from([1, 5, 16, 31, 64, 1536]), seed=st.integers(0, 2 ** 32 - 1),
        sd=st.sampled_from([0.1, 3.0, 30.0]), special=st.booleans())
-def test_bias_gelu_has_the_op_sequence_bits(rows, n, seed, sd, special):
+def test_bias_gelu_has_the_op_sequence_bits(act, rows, n, seed, sd, special):
     rng = np.random.default_rng(seed)
     y = rng.normal(0, sd, (rows, n)).astype(np.float32)
     bias = rng.normal(0, sd, n).astype(np.float32)
@@ -81,10 +83,10 @@ def test_bias_gelu_has_the_op_sequence_bits(rows, n, seed, sd, special):
         y.reshape(-1)[rng.integers(0, y.size, 6)] = rng.choice(edge, 6)
         bias[rng.integers(0, n)] = rng.choice(edge)
     with refimpl.backend("numba"), np.errstate(all="ignore"):
-        want = gelu(add(y, bias))
+        want = gelu(add(y, bias)) if act else add(y, bias)
     got = y.copy()
-    assert bias_gelu_(got, bias) is got
-    assert_bits_equal(got, want, f"bias_gelu_ ({rows}, {n})")
+    assert bias_gelu_(got, bias, act=act) is got
+    assert_bits_equal(got, want, f"bias_gelu_ ({rows}, {n}) act={act}")
 
 
 def test_bias_gelu_declines_what_it_does_not_cover():
