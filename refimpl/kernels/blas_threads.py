@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,6 +38,8 @@ _lock = threading.Lock()
 _active = 0
 _setter = None          # the library's setter, once found; False when there is none
 _count = None           # its openblas_get_num_threads
+_servers = None         # its blas_num_threads (a ctypes int living in the library)
+_max_threads = 0        # its MAX_THREADS: the size of its per-thread arrays
 _pool: ThreadPoolExecutor | None = None
 _jobs: dict[int, ctypes._CFuncPtr] = {}
 
@@ -55,9 +58,10 @@ def _openblas_paths() -> list[str]:
 
 
 def _find_library():
-    """(setter of the threads callback, get_num_threads) of NumPy's OpenBLAS, or (False, None)."""
+    """(setter of the threads callback, get_num_threads, its blas_num_threads, MAX_THREADS) of NumPy's OpenBLAS,
+    or (False, None, None, 0)."""
     if os.environ.get("REFIMPL_BLAS_THREADS", "").lower() == "openblas":
-        return False, None
+        return False, None, None, 0
     for path in _openblas_paths():
         try:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
@@ -66,11 +70,19 @@ def _find_library():
         for pre, post in _PREFIXES:
             setter = getattr(lib, f"{pre}set_threads_callback_function{post}", None)
             count = getattr(lib, f"{pre}get_num_threads{post}", None)
-            if setter is not None and count is not None:
-                setter.argtypes, setter.restype = [ctypes.c_void_p], None
-                count.argtypes, count.restype = [], ctypes.c_int
-                return setter, count
-    return False, None
+            config = getattr(lib, f"{pre}get_config{post}", None)
+            if setter is None or count is None or config is None:
+                continue
+            setter.argtypes, setter.restype = [ctypes.c_void_p], None
+            count.argtypes, count.restype = [], ctypes.c_int
+            config.argtypes, config.restype = [], ctypes.c_char_p
+            m = re.search(rb"MAX_THREADS=(\d+)", config() or b"")
+            try:
+                servers = ctypes.c_int.in_dll(lib, "blas_num_threads")
+            except ValueError:
+                servers = None
+            return setter, count, servers, int(m.group(1)) if m else 0
+    return False, None, None, 0
 
 
 def _pool_for(workers: int) -> ThreadPoolExecutor:
@@ -85,20 +97,29 @@ def _pool_for(workers: int) -> ThreadPoolExecutor:
 
 
 def _run_jobs(sync, dojob, numjobs, elsize, jobdata, dojob_data):
-    """OpenBLAS's callback: job i is dojob(i, jobdata + i * elsize, dojob_data); all of them, concurrently."""
+    """OpenBLAS's callback: job i is dojob(slot + i, jobdata + i * elsize, dojob_data); all of them, concurrently.
+
+    The thread number picks OpenBLAS's per-thread state (thread_status[n], blas_thread_buffer[n]), which the
+    job marks busy while it runs; numbers 0 .. blas_num_threads - 2 belong to OpenBLAS's own (idle) workers,
+    and a worker that sees its slot marked busy keeps spinning instead of going to sleep -- the very spin this
+    module avoids (measured: every job twice as slow). So the jobs take the numbers after those when
+    MAX_THREADS leaves room (it is 64 in NumPy's wheels), else 0 .. numjobs - 1."""
     job = _jobs.get(dojob)
     if job is None:
         job = _jobs.setdefault(dojob, _DOJOB(dojob))
+    slot = _servers.value if _servers is not None else 0
+    if not 0 <= slot <= _max_threads - numjobs:
+        slot = 0
     waits = []
     for i in range(1, numjobs):
-        args = (i, jobdata + i * elsize, dojob_data)
+        args = (slot + i, jobdata + i * elsize, dojob_data)
         try:
             waits.append(_pool_for(numjobs - 1).submit(job, *args).result)
         except Exception:                    # no pool (shut down at interpreter exit, ...): a thread of its
             t = threading.Thread(target=job, args=args)   # own, as a job not run would leave the result short
             t.start()
             waits.append(t.join)
-    job(0, jobdata, dojob_data)              # ctypes releases the GIL while the job runs
+    job(slot, jobdata, dojob_data)           # ctypes releases the GIL while the job runs
     for w in waits:
         w()
 
@@ -108,9 +129,9 @@ _callback = _CALLBACK(_run_jobs)
 
 def available() -> bool:
     """Whether NumPy's BLAS takes a threads callback (and REFIMPL_BLAS_THREADS does not say openblas)."""
-    global _setter, _count
+    global _setter, _count, _servers, _max_threads
     if _setter is None:
-        _setter, _count = _find_library()
+        _setter, _count, _servers, _max_threads = _find_library()
     return _setter is not False
 
 
