@@ -9,9 +9,16 @@ long batch: soft_max_ext 9.9 ms a layer after a matmul against 4.9 with OPENBLAS
 OpenBLAS >= 0.3.27 lets its caller run the jobs of a threaded call (`openblas_set_threads_callback_function`,
 caller-managed threading): OpenBLAS splits the work exactly as it would for its own threads and hands the jobs
 to a callback, which must run them concurrently (the jobs of a level-3 call wait for each other's packed
-panels). While `shared()` is active -- around the BLAS calls of refimpl's mul_mat kernel -- the callback runs
-job 0 on the calling thread and the others on a pool of threads that wait on a queue, asleep, between calls.
-The partition, hence every result bit, is OpenBLAS's own (tests/kernels/test_blas_threads.py).
+panels). While `shared()` is active, the callback runs job 0 on the calling thread and the others on a pool of
+threads that wait on a queue, asleep, between calls. The partition, hence every result bit, is OpenBLAS's own
+(tests/kernels/test_blas_threads.py).
+
+The hand-off costs ~0.1 ms a call, which OpenBLAS's spinning workers do not: it pays where GEMMs of a few ms
+alternate with multi-threaded kernels (refimpl.models.bert's layers: MiniLM's 2,016-token batch 281-310 ms
+against 341-400), not for runs of small GEMMs (SmolLM2's 128-token prefill, whose attention calls sgemm per
+head: 366 ms shared against 288), and never mixed within one workload: a worker left spinning by an unshared
+call competes with the jobs of the next shared one (MiniLM's short batch shared above 2^28 multiply-adds
+only: 131-186 ms, against 75-80 all shared). So a model opts in for its whole forward.
 
 The callback is installed only while some thread is inside `shared()` (a count under a lock) and is process
 wide meanwhile: another thread's NumPy BLAS call in that window runs its jobs the same way, with the same

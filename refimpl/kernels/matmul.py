@@ -38,7 +38,7 @@ from ..ops._core import current_numerics, register
 from ..ops._shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
-from . import blas_threads, quants, simd
+from . import quants, simd
 from ._common import _PREFIX, n_threads, parallel_ranges
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
@@ -442,12 +442,6 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
         out = _attn_decode(a, b, mode == "fast")
         if out is not None:
             return out
-    with blas_threads.shared():             # OpenBLAS's jobs on threads that sleep after the call
-        return _tiled(a, b, mode, numerics)
-
-
-def _tiled(a, b, mode: str, numerics: str | None) -> np.ndarray:
-    """mul_mat's paths through BLAS: f32 / f64 tiles of the weight (decoded by Numba) against b."""
     if mode == "ggml" or not _covered(a, b):
         return ref_mm.mul_mat.reference(a, b, numerics=numerics)
     fast = mode == "fast"

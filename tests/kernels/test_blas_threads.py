@@ -77,3 +77,22 @@ def test_concurrent_callers_get_their_own_results():
     for i, ref in enumerate(refs):
         assert np.array_equal(results[i], ref), i
     assert bt._active == 0
+
+
+def test_bert_layers_run_in_a_shared_scope(tmp_path):
+    """refimpl.models.bert opts in for its layers on the Numba backend (every BLAS call of them, none left to
+    OpenBLAS's spinning workers), and leaves the scope when the forward returns; the NumPy backend does not."""
+    pytest.importorskip("safetensors", reason="the safetensors package reads Hugging Face weights")
+    pytest.importorskip("numba", reason="numba is not installed: the Numba backend")
+    import refimpl
+    from refimpl.models import bert
+    from tests.models.bert_tiny import write_tiny_bert_hf
+    model = bert.load(write_tiny_bert_hf(tmp_path / "tiny"))
+    for backend, inside in (("numba", 1), ("numpy", 0)):
+        active = {}
+        with refimpl.backend(backend):
+            bert.forward(model, [[4, 9, 10, 5]], capture=lambda name, x: active.setdefault(name, bt._active))
+        layers = {n: a for n, a in active.items() if n.startswith(("Qcur-", "ffn_out-", "l_out-"))}
+        assert len(layers) == 3 * model.hparams.n_layer and set(layers.values()) == {inside}, (backend, layers)
+        assert active["inp_embd"] == 0 and active["result_embd"] == 0, backend
+    assert bt._active == 0
