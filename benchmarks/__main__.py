@@ -19,8 +19,8 @@ Parts, in the order they run (each measurement in its own fresh interpreter, one
 
 "numba fast" is the Numba backend with REFIMPL_NUMERICS=fast (mul_mat summed in f32, refimpl.numerics); the
 issue's model targets are checked for it and for exact mode alike. The bert part also runs the fast engine in a
-process started with TUNED_ENV (OpenBLAS's worker timeout and glibc's heap thresholds, see there): rows without
-a target, showing what process settings refimpl cannot change from inside gain.
+process started with TUNED_ENV (glibc's heap thresholds, see there): rows without a target, showing what a
+process-wide allocator setting, which refimpl leaves to its host process, gains.
 
 Each part's rows go into one markdown table (benchmarks/summary.py): part, what, engine A, engine B,
 ratio = A / B, the issue's target and whether it holds, threads, peak RSS (VmHWM of each engine's process).
@@ -415,12 +415,13 @@ def _numpy_engine(cfg: Config, job_engine: str) -> list:
 
 REFIMPL_ENGINES = ("refimpl numba", "refimpl numba fast", "refimpl numba fast, tuned env", "refimpl numpy")
 
-# Process settings that a model run with many large temporaries gains from (measured on MiniLM, docs/benchmarks.md):
-# OpenBLAS's idle workers spin for 2^28 cycles after each call (its default THREAD_TIMEOUT), taking a core from the
-# element-wise kernels that follow a GEMM; glibc returns the top of the heap to the system whenever the free space
-# there exceeds its (dynamic) trim threshold, so a batch whose working set swings by tens of MB a layer touches
-# fresh pages again (~45,000 minor faults a long MiniLM batch). Neither can be changed after NumPy has loaded.
-TUNED_ENV = dict(OPENBLAS_THREAD_TIMEOUT="4", MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="1073741824")
+# A process setting that a model run with many large temporaries gains from (measured on MiniLM, docs/benchmarks.md):
+# glibc returns the top of the heap to the system whenever the free space there exceeds its (dynamic) trim
+# threshold, so a batch whose working set swings by tens of MB a layer touches fresh pages again (~10,000 minor
+# faults a long MiniLM batch with the model's fused kernels, ~45,000 without). It is the host process's choice
+# (environment or mallopt), not a library's. (OpenBLAS's spinning workers, the other such cost, are out of the way
+# without one: BERT's layers run OpenBLAS's jobs on refimpl's threads, refimpl/kernels/blas_threads.py.)
+TUNED_ENV = dict(MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="1073741824")
 
 
 def _fast_engine(job_engine: str) -> tuple:
