@@ -53,6 +53,8 @@ _jobs: dict[int, ctypes._CFuncPtr] = {}
 
 def _openblas_paths() -> list[str]:
     """Loaded shared objects named like OpenBLAS, NumPy's own (in numpy.libs or numpy's tree) first."""
+    if not hasattr(os, "RTLD_NOLOAD"):
+        return []
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
@@ -176,4 +178,5 @@ def _after_fork_in_child() -> None:
         _setter(None)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):           # POSIX; elsewhere there is no fork (and no /proc: not available)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
