@@ -42,6 +42,7 @@ _DOJOB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_size_t, ctypes.c_int)
 _PREFIXES = (("scipy_openblas_", "64_"), ("scipy_openblas_", ""), ("openblas_", "64_"), ("openblas_", ""))
 
 _lock = threading.Lock()
+_one_call = threading.Lock()      # held while one call's jobs run
 _active = 0
 _setter = None          # the library's setter, once found; False when there is none
 _count = None           # its openblas_get_num_threads
@@ -108,29 +109,33 @@ def _pool_for(workers: int) -> ThreadPoolExecutor:
 def _run_jobs(sync, dojob, numjobs, elsize, jobdata, dojob_data):
     """OpenBLAS's callback: job i is dojob(slot + i, jobdata + i * elsize, dojob_data); all of them, concurrently.
 
-    The thread number picks OpenBLAS's per-thread state (thread_status[n], blas_thread_buffer[n]), which the
-    job marks busy while it runs; numbers 0 .. blas_num_threads - 2 belong to OpenBLAS's own (idle) workers,
+    The thread number picks OpenBLAS's per-thread state (thread_status[n], and blas_thread_buffer[n], where a
+    job without buffers of its own works: every job of a threaded gemv), so calls from two threads at once
+    run one after the other here (OpenBLAS's level-3 driver serializes its threaded calls itself; its own
+    server would give concurrent gemv callers different workers, hence different buffers). The job marks its
+    state busy while it runs; numbers 0 .. blas_num_threads - 2 belong to OpenBLAS's own (idle) workers,
     and a worker that sees its slot marked busy keeps spinning instead of going to sleep -- the very spin this
     module avoids (measured: every job twice as slow). So the jobs take the numbers after those when
     MAX_THREADS leaves room (it is 64 in NumPy's wheels), else 0 .. numjobs - 1."""
     job = _jobs.get(dojob)
     if job is None:
         job = _jobs.setdefault(dojob, _DOJOB(dojob))
-    slot = _servers.value if _servers is not None else 0
-    if not 0 <= slot <= _max_threads - numjobs:
-        slot = 0
-    waits = []
-    for i in range(1, numjobs):
-        args = (slot + i, jobdata + i * elsize, dojob_data)
-        try:
-            waits.append(_pool_for(numjobs - 1).submit(job, *args).result)
-        except Exception:                    # no pool (shut down at interpreter exit, ...): a thread of its
-            t = threading.Thread(target=job, args=args)   # own, as a job not run would leave the result short
-            t.start()
-            waits.append(t.join)
-    job(slot, jobdata, dojob_data)           # ctypes releases the GIL while the job runs
-    for w in waits:
-        w()
+    with _one_call:                          # slots are per thread number: two calls at once would share them
+        slot = _servers.value if _servers is not None else 0
+        if not 0 <= slot <= _max_threads - numjobs:
+            slot = 0
+        waits = []
+        for i in range(1, numjobs):
+            args = (slot + i, jobdata + i * elsize, dojob_data)
+            try:
+                waits.append(_pool_for(numjobs - 1).submit(job, *args).result)
+            except Exception:                # no pool (shut down at interpreter exit, ...): a thread of its
+                t = threading.Thread(target=job, args=args)   # own, as a job not run leaves the result short
+                t.start()
+                waits.append(t.join)
+        job(slot, jobdata, dojob_data)       # ctypes releases the GIL while the job runs
+        for w in waits:
+            w()
 
 
 _callback = _CALLBACK(_run_jobs)

@@ -52,10 +52,16 @@ def test_callback_is_removed_when_the_last_scope_exits():
 
 
 def test_concurrent_callers_get_their_own_results():
-    """Two threads in shared() at once: each call's jobs must all run concurrently (a level-3 call's jobs
-    wait for each other), so a pool too small or shared wrongly would hang or mix results."""
+    """Four threads in shared() at once, GEMMs and threaded GEMVs: each call's jobs must all run concurrently (a
+    level-3 call's jobs wait for each other) and must not share OpenBLAS's per-thread buffers with another
+    call's jobs, so a pool too small would hang and calls run side by side could mix their work (the pool is
+    grown first, so that they could)."""
+    bt._pool_for(4)
     cases = [_operands(10 + i) for i in range(4)]
     refs = [a @ b for a, b in cases]
+    vecs = [np.random.default_rng(20 + i).standard_normal((4096, 4096)).astype(np.float32) for i in range(2)]
+    xs = [np.random.default_rng(30 + i).standard_normal(4096).astype(np.float32) for i in range(2)]
+    vrefs = [m @ x for m, x in zip(vecs, xs)]
     results, errors = {}, []
 
     def work(i):
@@ -64,6 +70,7 @@ def test_concurrent_callers_get_their_own_results():
                 for _ in range(5):
                     a, b = cases[i]
                     results[i] = a @ b
+                    results[i, "gemv"] = vecs[i % 2] @ xs[i % 2]
         except Exception as e:                          # pragma: no cover - reported below
             errors.append(e)
 
@@ -76,6 +83,7 @@ def test_concurrent_callers_get_their_own_results():
     assert not errors, errors
     for i, ref in enumerate(refs):
         assert np.array_equal(results[i], ref), i
+        assert np.array_equal(results[i, "gemv"], vrefs[i % 2]), (i, "gemv")
     assert bt._active == 0
 
 
