@@ -47,13 +47,13 @@ llama.cpp names no tensor for a layer's output; refimpl calls it l_out-N as llam
 Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [..., n_tokens, n_seq].
 
 On the Numba backend without a capture, op sequences run fused (a capture runs the ops, so every named tensor
-exists): the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is one kernel with
-the op sequence's bits (`refimpl.kernels.norm.add_norm_affine`), the FFN's up bias and GELU one more, and the
-Q, K, V biases are added in place on the projections' outputs (`refimpl.kernels.unary.bias_gelu_`), all with
-the ops' bits in exact and fast numerics; in
-numerics="fast" `attention` runs kq, soft_max_ext and kqv as one kernel (`refimpl.kernels.attention.mha_fast`:
-f32 sums in index order, an order fast mode allows mul_mat, and the softmax's bits for those scores), reading
-Q, K and V where the projections put them.
+exists): the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is one kernel
+(`refimpl.kernels.norm.add_norm_affine`), the FFN's up bias and GELU one more, and the Q, K, V biases are added
+in place on the projections' outputs (`refimpl.kernels.unary.bias_gelu_`), all with the ops' bits, in exact and
+fast numerics. In numerics="fast", `attention` runs kq, soft_max_ext and kqv as one kernel
+(`refimpl.kernels.attention.mha_fast`: f32 sums in index order, an order fast mode allows mul_mat, and the
+softmax's bits for those scores), reading Q, K and V where the projections put them. The layers run OpenBLAS's
+threaded jobs on refimpl's threads (`_blas_threads`).
 
 Under `refimpl.backend("cuda")` the activations stay on the device between ops (as in refimpl.models.llama:
 weights uploaded once, the head permutations run as CUDA kernels, the mask uploaded once per batch); `forward`
