@@ -39,22 +39,26 @@ def _rms_norm(a, eps, out, lo, hi):
             o[i] = x[i] * scale
 
 
+@njit(inline="always")
+def _norm_row(x, eps, o, sq):
+    """One row of `norm` (see the module): x, o, sq (n,) f32 (o may be x; sq scratch)."""
+    n = x.size
+    mean = np.float32(pairwise_sum_f64(x, 0, n)) / np.float32(n)
+    for i in range(n):
+        y = x[i] - mean
+        o[i] = y
+        sq[i] = y * y
+    var = np.float32(pairwise_sum_f64(sq, 0, n) / n)
+    scale = np.float32(1.0) / np.sqrt(var + eps)
+    for i in range(n):
+        o[i] = o[i] * scale
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _norm(a, eps, out, lo, hi):
-    n = a.shape[1]
-    sq = np.empty(n, np.float32)
+    sq = np.empty(a.shape[1], np.float32)
     for r in range(lo, hi):
-        x = a[r]
-        o = out[r]
-        mean = np.float32(pairwise_sum_f64(x, 0, n)) / np.float32(n)
-        for i in range(n):
-            y = x[i] - mean
-            o[i] = y
-            sq[i] = y * y
-        var = np.float32(pairwise_sum_f64(sq, 0, n) / n)
-        scale = np.float32(1.0) / np.sqrt(var + eps)
-        for i in range(n):
-            o[i] = o[i] * scale
+        _norm_row(a[r], eps, out[r], sq)
 
 
 def _covered(a, eps) -> bool:
@@ -95,7 +99,7 @@ def norm(a, eps: float) -> np.ndarray:
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _add_norm_affine(y, bias, has_bias, res, has_res, w, b, eps, out, lo, hi):
-    """Rows lo..hi-1: t = fl(fl(y + bias) + res) (each term when given), then `_norm`'s steps on t, then
+    """Rows lo..hi-1: t = fl(fl(y + bias) + res) (each term when given), then `_norm_row` on t, then
     fl(fl(n * w) + b): the op sequence's f32 roundings in its order, one row at a time."""
     n = y.shape[1]
     t = np.empty(n, np.float32)
@@ -112,15 +116,7 @@ def _add_norm_affine(y, bias, has_bias, res, has_res, w, b, eps, out, lo, hi):
             for i in range(n):
                 t[i] = t[i] + rr[i]
         o = out[r]
-        mean = np.float32(pairwise_sum_f64(t, 0, n)) / np.float32(n)
-        for i in range(n):
-            d = t[i] - mean
-            o[i] = d
-            sq[i] = d * d
-        var = np.float32(pairwise_sum_f64(sq, 0, n) / n)
-        scale = np.float32(1.0) / np.sqrt(var + eps)
-        for i in range(n):
-            o[i] = o[i] * scale
+        _norm_row(t, eps, o, sq)
         for i in range(n):
             o[i] = o[i] * w[i]
         for i in range(n):
