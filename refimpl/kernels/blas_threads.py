@@ -48,6 +48,8 @@ _setter = None          # the library's setter, once found; False when there is 
 _count = None           # its openblas_get_num_threads
 _servers = None         # its blas_num_threads (a ctypes int living in the library)
 _max_threads = 0        # its MAX_THREADS: the size of its per-thread arrays
+_lib = None             # the library (ctypes), and its symbols' (prefix, suffix)
+_affix = None
 _pool: ThreadPoolExecutor | None = None
 _jobs: dict[int, ctypes._CFuncPtr] = {}
 
@@ -68,10 +70,11 @@ def _openblas_paths() -> list[str]:
 
 
 def _find_library():
-    """(setter of the threads callback, get_num_threads, its blas_num_threads, MAX_THREADS) of NumPy's OpenBLAS,
-    or (False, None, None, 0)."""
+    """(setter of the threads callback, get_num_threads, its blas_num_threads, MAX_THREADS, the library, its
+    symbols' (prefix, suffix)) of NumPy's OpenBLAS, or (False, None, None, 0, None, None)."""
+    none = (False, None, None, 0, None, None)
     if os.environ.get("REFIMPL_BLAS_THREADS", "").lower() == "openblas":
-        return False, None, None, 0
+        return none
     for path in _openblas_paths():
         try:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
@@ -91,8 +94,8 @@ def _find_library():
                 servers = ctypes.c_int.in_dll(lib, "blas_num_threads")
             except ValueError:
                 servers = None
-            return setter, count, servers, int(m.group(1)) if m else 0
-    return False, None, None, 0
+            return setter, count, servers, int(m.group(1)) if m else 0, lib, (pre, post)
+    return none
 
 
 def _pool_for(workers: int) -> ThreadPoolExecutor:
@@ -143,9 +146,9 @@ _callback = _CALLBACK(_run_jobs)
 
 def available() -> bool:
     """Whether NumPy's BLAS takes a threads callback (and REFIMPL_BLAS_THREADS does not say openblas)."""
-    global _setter, _count, _servers, _max_threads
+    global _setter, _count, _servers, _max_threads, _lib, _affix
     if _setter is None:
-        _setter, _count, _servers, _max_threads = _find_library()
+        _setter, _count, _servers, _max_threads, _lib, _affix = _find_library()
     return _setter is not False
 
 

@@ -3,8 +3,10 @@
 What must hold: OpenBLAS really hands the jobs over (the callback runs), the results are OpenBLAS's own bits
 (it partitions the work as for its own threads), concurrent callers neither deadlock nor mix results, and the
 callback is gone when the last `shared()` exits. Needs NumPy linked to an OpenBLAS with the threads callback
-(>= 0.3.27, as NumPy's wheels) splitting calls over 2 or more threads; skipped otherwise, saying which.
+(>= 0.3.27, as NumPy's wheels); skipped otherwise. OpenBLAS is set to 2 threads for the module where it runs
+on one (OPENBLAS_NUM_THREADS=1, one CPU), so that its calls are threaded, and set back after.
 """
+import ctypes
 import threading
 
 import numpy as np
@@ -15,9 +17,20 @@ from refimpl.kernels import blas_threads as bt
 if not bt.available():
     pytest.skip("NumPy's BLAS has no openblas_set_threads_callback_function (not NumPy's OpenBLAS >= 0.3.27, "
                 "or REFIMPL_BLAS_THREADS=openblas)", allow_module_level=True)
-if (bt.openblas_threads() or 1) < 2:
-    pytest.skip("OpenBLAS runs on one thread here (OPENBLAS_NUM_THREADS=1 or one CPU): no threaded calls",
-                allow_module_level=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _threaded_openblas():
+    """At least 2 OpenBLAS threads while these tests run (openblas_set_num_threads), the setting restored."""
+    pre, post = bt._affix
+    set_threads = getattr(bt._lib, f"{pre}set_num_threads{post}")
+    set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
+    before = bt.openblas_threads()
+    if before < 2:
+        set_threads(2)
+    yield
+    if before < 2:
+        set_threads(before)
 
 
 def _operands(seed, n=384, dtype=np.float32):
