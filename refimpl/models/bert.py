@@ -453,7 +453,7 @@ def _blas_threads():
     """On the Numba backend, the layers' BLAS calls run OpenBLAS's jobs on refimpl's threads, which sleep between
     calls (kernels.blas_threads), so that no OpenBLAS worker spins beside the multi-threaded kernels that follow
     each GEMM: MiniLM's long batch (2,016 tokens) 281-310 ms against 341-400 with OpenBLAS's workers, the short
-    one (480 tokens, ~0.3 ms GEMMs, where the ~0.1 ms hand-off shows) 75-80 against 72-78. For every call of the
+    one (480 tokens, 0.5-1.9 ms GEMMs, where the ~0.1 ms hand-off shows) 75-80 against 72-78. For every call of the
     forward, not some: an OpenBLAS worker left spinning by one call would compete with the jobs of the next."""
     if current_backend() != "numba":
         return contextlib.nullcontext()
