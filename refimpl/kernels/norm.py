@@ -145,13 +145,7 @@ def add_norm_affine(y, bias, res, w, b, eps: float):
     wc, bc = np.ascontiguousarray(w), np.ascontiguousarray(b)
     out = np.empty_like(y)
     e = np.float32(eps)
-    per = max(1, PAR_MIN // n)
     has_bias, has_res = bias is not None, res is not None
-
-    def run(lo, hi):
-        _add_norm_affine(y, bias_, has_bias, res_, has_res, wc, bc, e, out, lo, hi)
-    if rows < 2 * per:
-        run(0, rows)
-    else:
-        parallel_ranges(run, rows, per)
+    parallel_ranges(lambda lo, hi: _add_norm_affine(y, bias_, has_bias, res_, has_res, wc, bc, e, out, lo, hi),
+                    rows, max(1, PAR_MIN // n))
     return out

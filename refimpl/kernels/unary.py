@@ -56,18 +56,26 @@ def _gelu(x, tab):
     return tab[f16_bits(x)]
 
 
+@njit(inline="always")
+def _gelu_into(x, tab, o):
+    """o = _gelu(x) over 1-D x, o of one size (o may be x): 16 at a time (`simd.vgelu16`: the same lookups),
+    then the tail."""
+    n = x.size
+    n16 = n - n % 16
+    for i in range(0, n16, 16):
+        vgelu16(x, i, tab, o)
+    for i in range(n16, n):
+        o[i] = _gelu(x[i], tab)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _unary(kind, x, tab, out, lo, hi):
     xs, o = x[lo:hi], out[lo:hi]           # indices from 0: no negative-index checks, so LLVM vectorizes
     n = xs.size
     if kind == SILU:
         _silu_into(xs, o)
-    elif kind == GELU:                     # 16 at a time (`simd.vgelu16`: the same lookups), then the tail
-        n16 = n - n % 16
-        for i in range(0, n16, 16):
-            vgelu16(xs, i, tab, o)
-        for i in range(n16, n):
-            o[i] = _gelu(xs[i], tab)
+    elif kind == GELU:
+        _gelu_into(xs, tab, o)
     elif kind == SIGMOID:                  # fl(exp(-x)) first (vectorized, libm's bits), then 1 / (1 + e)
         exp32_into(xs, o, n, -1.0)
         for i in range(n):
@@ -193,17 +201,12 @@ def _bias_gelu(y, bias, tab, act, lo, hi):
     """Rows lo..hi-1 of y (rows, n), in place: y = fl(y + bias), then with act y = gelu(y) as `_unary`
     computes it."""
     n = y.shape[1]
-    n16 = n - n % 16
     for r in range(lo, hi):
         row = y[r]
         for i in range(n):
             row[i] = row[i] + bias[i]
-        if not act:
-            continue
-        for i in range(0, n16, 16):
-            vgelu16(row, i, tab, row)
-        for i in range(n16, n):
-            row[i] = _gelu(row[i], tab)
+        if act:
+            _gelu_into(row, tab, row)
 
 
 def bias_gelu_(y, bias, act: bool = True):
@@ -217,9 +220,5 @@ def bias_gelu_(y, bias, act: bool = True):
     b = np.ascontiguousarray(bias)
     tab = gelu_table_f32()
     rows, n = y.shape
-    per = max(1, PAR_MIN // n)
-    if rows < 2 * per:
-        _bias_gelu(y, b, tab, act, 0, rows)
-    else:
-        parallel_ranges(lambda lo, hi: _bias_gelu(y, b, tab, act, lo, hi), rows, per)
+    parallel_ranges(lambda lo, hi: _bias_gelu(y, b, tab, act, lo, hi), rows, max(1, PAR_MIN // n))
     return y
