@@ -23,7 +23,10 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
+
+from .simd import vsum8
 
 F32 = np.float32
 JUST_BELOW_HALF = np.nextafter(F32(0.5), F32(0)).view(np.uint32).item()    # 0.49999997f as bits
@@ -154,6 +157,38 @@ def recip0(d):
     return np.float32(0.0)
 
 
+def _pw_lanes(x, lo, m):
+    """NumPy's pairwise_sum block's eight accumulators over x[lo : lo + 8m] (m >= 1), added as it adds them."""
+
+
+@overload(_pw_lanes, inline="always")
+def _pw_lanes_impl(x, lo, m):
+    if isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C" and x.dtype in (types.float32, types.float64):
+        return lambda x, lo, m: vsum8(x, lo, m)      # one f64 vector of the eight lanes
+
+    def scalar(x, lo, m):                            # strided rows: the same sums, lane by lane
+        r0 = np.float64(x[lo])
+        r1 = np.float64(x[lo + 1])
+        r2 = np.float64(x[lo + 2])
+        r3 = np.float64(x[lo + 3])
+        r4 = np.float64(x[lo + 4])
+        r5 = np.float64(x[lo + 5])
+        r6 = np.float64(x[lo + 6])
+        r7 = np.float64(x[lo + 7])
+        for k in range(1, m):
+            i = lo + 8 * k
+            r0 += np.float64(x[i])
+            r1 += np.float64(x[i + 1])
+            r2 += np.float64(x[i + 2])
+            r3 += np.float64(x[i + 3])
+            r4 += np.float64(x[i + 4])
+            r5 += np.float64(x[i + 5])
+            r6 += np.float64(x[i + 6])
+            r7 += np.float64(x[i + 7])
+        return ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    return scalar
+
+
 @njit(inline="always")
 def _pw_block(x, lo, n):
     """NumPy's pairwise_sum for n <= 128 elements of x[lo:] (as f64), 8 accumulators."""
@@ -162,48 +197,22 @@ def _pw_block(x, lo, n):
         for i in range(n):
             res += np.float64(x[lo + i])
         return res
-    r0 = np.float64(x[lo])
-    r1 = np.float64(x[lo + 1])
-    r2 = np.float64(x[lo + 2])
-    r3 = np.float64(x[lo + 3])
-    r4 = np.float64(x[lo + 4])
-    r5 = np.float64(x[lo + 5])
-    r6 = np.float64(x[lo + 6])
-    r7 = np.float64(x[lo + 7])
-    i = 8
+    if lo < 0 or lo + n > x.size:
+        raise IndexError("pairwise_sum_f64: range outside the row")
     end = n - n % 8
-    while i < end:
-        r0 += np.float64(x[lo + i])
-        r1 += np.float64(x[lo + i + 1])
-        r2 += np.float64(x[lo + i + 2])
-        r3 += np.float64(x[lo + i + 3])
-        r4 += np.float64(x[lo + i + 4])
-        r5 += np.float64(x[lo + i + 5])
-        r6 += np.float64(x[lo + i + 6])
-        r7 += np.float64(x[lo + i + 7])
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
+    res = _pw_lanes(x, lo, end // 8)
+    for i in range(end, n):
         res += np.float64(x[lo + i])
-        i += 1
     return res
 
 
 @njit
-def pairwise_sum_f64(x, lo, n):
-    """Σ x[lo:lo+n] in f64 by NumPy's pairwise summation (blocks of <= 128 with 8 accumulators, halved
-    at multiples of 8 above that) -- the order `np.sum(row, dtype=np.float64)` uses on one buffer.
-
-    NumPy's reductions over many rows may split a row between iterator buffers, and then differ from
-    this in the last bits of the f64 sum (rarely visible after the rounding to f32 that follows)."""
-    if n <= 128:
-        return _pw_block(x, lo, n)
-    # iterative form of the recursion: a stack of (lo, n) ranges, left first
+def _pw_stack(x, lo, n):
+    """pairwise_sum_f64 for any n: the recursion as an explicit post-order walk (its stack allocated here)."""
     stack_lo = np.empty(64, np.int64)
     stack_n = np.empty(64, np.int64)
     vals = np.empty(64, np.float64)
     done = np.zeros(64, np.int64)
-    # recursive structure is a binary tree; evaluate with an explicit post-order walk
     top = 0
     stack_lo[0] = lo
     stack_n[0] = n
@@ -235,6 +244,35 @@ def pairwise_sum_f64(x, lo, n):
             nv -= 1
             top -= 1
     return vals[0]
+
+
+def _pw_level(deeper):
+    @njit
+    def level(x, lo, n):
+        if n <= 128:
+            return _pw_block(x, lo, n)
+        n2 = n // 2
+        n2 -= n2 % 8
+        return deeper(x, lo, n2) + deeper(x, lo + n2, n - n2)
+    return level
+
+
+# NumPy's recursion (halves at multiples of 8) written out five levels deep: rows up to ~4,000 elements
+# (every norm and softmax row of the models) sum without allocating; longer ones walk `_pw_stack`.
+_pw_rec = _pw_stack
+for _ in range(5):
+    _pw_rec = _pw_level(_pw_rec)
+
+
+@njit
+def pairwise_sum_f64(x, lo, n):
+    """Σ x[lo:lo+n] in f64 by NumPy's pairwise summation (blocks of <= 128 with 8 accumulators, halved
+    at multiples of 8 above that) -- the order `np.sum(row, dtype=np.float64)` uses on one buffer. A block's
+    eight accumulators are one f64 vector (`simd.vsum8`) where the row is contiguous.
+
+    NumPy's reductions over many rows may split a row between iterator buffers, and then differ from
+    this in the last bits of the f64 sum (rarely visible after the rounding to f32 that follows)."""
+    return _pw_rec(x, lo, n)
 
 
 # -- threads ------------------------------------------------------------------------------------------------

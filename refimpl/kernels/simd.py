@@ -20,6 +20,8 @@ Intrinsics (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 blocks unless noted):
     vdot64_f32(A, a0, X, x0, k) -> f64       an f32 row times an f64 one, `_dot_f64`'s lanes and order (exact
                                              numerics' attention and f32-weight decode products)
     vgelu16(x, i, tab, out)                  ggml's table GELU of x[i:i+16] into out[i:i+16] (unary.py)
+    vsum8(x, lo, m) -> f64                   NumPy's pairwise-sum block, its eight f64 lane sums as one vector
+                                             (_common.pairwise_sum_f64)
 The callers check every bound the IR relies on (once per call); the IR itself does not, and its typing
 accepts only C-contiguous arrays, since it computes flat addresses.
 
@@ -380,4 +382,43 @@ def vgelu16(typingctx, x, i, tab, out):
         r = builder.select(low, _const_vec(_V16F, [0.0] * 16), builder.select(high, v, g))
         builder.store(r, builder.bitcast(po, _V16F.as_pointer()), align=4)
         return context.get_dummy_value()
+    return sig, codegen
+
+
+# -- NumPy's pairwise-sum block: eight f64 lane sums ------------------------------------------------------------
+
+_V8D = ir.VectorType(ir.DoubleType(), 8)
+
+
+@intrinsic
+def vsum8(typingctx, x, lo, m):
+    """The eight accumulators of NumPy's pairwise_sum block over x[lo : lo + 8m] (m >= 1), as one f64 vector:
+    lane j starts at f64(x[lo + j]) and adds f64(x[lo + 8k + j]) for k = 1 .. m-1 in order -- each lane the
+    same chain of roundings as NumPy's r[j] -- then returns ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)).
+    x 1-D C-contiguous f32 or f64; the caller checks lo + 8m <= x.size."""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
+            and x.dtype in (types.float32, types.float64)):
+        return None
+    sig = types.float64(x, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        xa, lov, mv = args
+        aty = signature.args[0]
+        ety, size = (_F32, 4) if aty.dtype == types.float32 else (ir.DoubleType(), 8)
+        vty = ir.VectorType(ety, 8)
+        base = builder.gep(builder.bitcast(context.make_array(aty)(context, builder, xa).data, ety.as_pointer()),
+                           [lov])
+
+        def load(k):
+            v = builder.load(builder.bitcast(builder.gep(base, [k]), vty.as_pointer()), align=size)
+            return builder.fpext(v, _V8D) if ety is _F32 else v
+
+        acc = cgutils.alloca_once_value(builder, load(ir.Constant(ir.IntType(64), 0)))
+        with cgutils.for_range(builder, builder.sub(mv, ir.Constant(mv.type, 1))) as loop:
+            k = builder.mul(builder.add(loop.index, ir.Constant(mv.type, 1)), ir.Constant(mv.type, 8))
+            builder.store(builder.fadd(builder.load(acc), load(k)), acc)
+        r = builder.load(acc)
+        lane = [builder.extract_element(r, ir.Constant(_I32, j)) for j in range(8)]
+        return builder.fadd(builder.fadd(builder.fadd(lane[0], lane[1]), builder.fadd(lane[2], lane[3])),
+                            builder.fadd(builder.fadd(lane[4], lane[5]), builder.fadd(lane[6], lane[7])))
     return sig, codegen
