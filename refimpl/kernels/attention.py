@@ -8,7 +8,8 @@ Versions:
            Σ is not > 0 -- the reference's f64 formula, in a different summation order for the two dot products
     mha_fast  numerics="fast": llama.cpp's attention without flash attention (kq, soft_max_ext, kqv) for
            refimpl.models.bert, one (sequence, head) pair at a time: kq and kqv f32 sums in index order,
-           the softmax through softmax.soft_max_row (the op kernel's steps and bits)
+           the softmax through softmax.soft_max_row (the op kernel's steps and bits); mha_fast_qkv the
+           same on the planes of one fused Q/K/V product
 Work items (sequence, head, query row) are split over threads. K is handed over transposed (head_dim rows
 of n_kv values), so the score loop runs over kv positions with one independent f64 sum each (vectorised
 without reassociating any sum). A tile of 64 kv positions whose mask is all -inf is skipped when q and K
@@ -34,7 +35,9 @@ from ..ops._shapes import ne4
 from ..ops.softmax import alibi_slopes
 from ..qtensor import QTensor, dequantize
 from ._common import pairwise_sum_f64, parallel_ranges
-from .softmax import soft_max_row
+from . import simd
+from .softmax import row_max, row_scores
+from .vexp import exp32_into
 
 PAR_MIN = 1 << 16       # multiply-adds (n_kv * (head_dim + head_dim_v) per query row) per thread at least
 TILE = 64               # kv positions per score tile (and per check of the mask for a skip)
@@ -213,47 +216,71 @@ def flash_attn_ext(q, k, v, mask=None, scale: float = 1.0, max_bias: float = 0.0
 # -- llama.cpp's attention without flash attention, fused: fast numerics -------------------------------------
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _mha_fast(q, k, v, mask, has_mask, scale, out, lo, hi):
-    """(sequence, head) pairs lo..hi-1 (item = s * H + h) of q (S, T, H, D), k, v (S, N, H, D) f32, mask
-    (m3, m2, >= T, N) f32 tiled over s and h; out (S, T, H, D) f32. Per query row t of the pair:
+def _mha_fast(q, iq, k, ik, v, iv, mask, has_mask, scale, out, lo, hi):
+    """(sequence, head) pairs lo..hi-1 (item = s * H + h) of q[:, :, iq] (q (S, T, P, H, D)), k[:, :, ik],
+    v[:, :, iv] (k, v (S, N, P', H, D)) f32 C-contiguous -- planes of one projection's output or single
+    arrays --, mask (m3, m2, >= T, N) f32 tiled over s and h; out (S, T, H, D) f32. Per query row t of the pair:
         kq[j]  = f32 sum over d in index order of fl(q[t, d] * k[j, d])            (starting from +0)
         p      = softmax.soft_max_row(kq, mask row t, slope 1, no sink, scale)    (soft_max_ext's bits)
-        out[d] = f32 sum over j in index order of fl(p[j] * v[j, d])              (starting from +0)"""
-    T, H, D = q.shape[1], q.shape[2], q.shape[3]
-    N = k.shape[1]
-    NP = (N + 15) // 16 * 16               # kv positions padded to whole vectors: no scalar remainder loop
+        out[d] = f32 sum over j in index order of fl(p[j] * v[j, d])              (starting from +0)
+    Both sums run in vector registers (simd.vaxpy*): kq 32 (or 16) kv positions at a time over K^T, out 32,
+    16 or 8 dims at a time over V's rows; the dims past the last multiple of 8 by the scalar loop. The
+    softmax runs soft_max_row's steps on the pair's T rows together (`row_scores`, `row_max`, one
+    exp32_into over the (T, NP) block of padded rows, each row's sum and scale), the same operations on
+    each element as row by row, with the exps in whole vectors."""
+    T, P, H, D = q.shape[1], q.shape[2], q.shape[3], q.shape[4]
+    N, PV = k.shape[1], v.shape[2]
+    NP = (N + 15) // 16 * 16               # kv positions padded to whole vectors: columns N.. of K^T stay 0
     m3, m2 = mask.shape[0], mask.shape[1]
-    kt = np.zeros((D, NP), np.float32)     # K^T of the pair; columns N.. stay 0
-    kqp = np.empty(NP, np.float32)
-    kq = kqp[:N]
-    e = np.empty(N, np.float32)
-    p = np.empty(N, np.float32)
-    acc = np.empty(D, np.float32)
+    kt = np.zeros((D, NP), np.float32)     # K^T of the pair
+    sc = np.empty((T, NP), np.float32)     # the pair's scores, then its probabilities
+    e = np.empty((T, NP), np.float32)      # soft_max_row's e and p, rows padded with -inf / 0
+    e[:, N:] = -np.inf
+    pr = np.empty((T, NP), np.float32)
+    ldv = PV * H * D                       # elements from V's row j to row j + 1
+    D8 = D - D % 8
     for item in range(lo, hi):
         s, h = item // H, item % H
         for j in range(N):
-            kj = k[s, j, h]
+            kj = k[s, j, ik, h]
             for d in range(D):
                 kt[d, j] = kj[d]
         for t in range(T):
-            qr = q[s, t, h]
-            kqp[:] = 0.0
-            for d in range(D):
-                qd = qr[d]
-                ktd = kt[d]
-                for j in range(NP):
-                    kqp[j] = kqp[j] + qd * ktd[j]
-            mr = mask[s % m3, h % m2, t] if has_mask else e
-            soft_max_row(kq, mr, has_mask, 1.0, np.float32(0.0), False, scale, e, p, kq)
-            acc[:] = 0.0
+            q0 = (((s * T + t) * P + iq) * H + h) * D    # q[s, t, iq, h, 0]
+            j0 = 0
+            while j0 + 32 <= NP:
+                simd.vaxpy32(q, q0, D, kt, j0, NP, sc, t * NP + j0)
+                j0 += 32
+            if j0 < NP:
+                simd.vaxpy16(q, q0, D, kt, j0, NP, sc, t * NP + j0)
+            et = e[t]
+            row_scores(sc[t], mask[s % m3, h % m2, t] if has_mask else et, has_mask, 1.0, scale, et, N)
+            M = row_max(et, N)
             for j in range(N):
-                pj = kq[j]
-                vj = v[s, j, h]
-                for d in range(D):
-                    acc[d] = acc[d] + pj * vj[d]
+                et[j] = et[j] - M
+        exp32_into(e.reshape(-1), pr.reshape(-1), T * NP, 1.0)
+        v0 = ((s * N * PV + iv) * H + h) * D             # v[s, 0, iv, h, 0]
+        for t in range(T):
+            pt, st = pr[t], sc[t]
+            inv = np.float32(1.0 / pairwise_sum_f64(pt, 0, N))
+            for j in range(N):
+                st[j] = pt[j] * inv
+            o0 = ((s * T + t) * H + h) * D               # out[s, t, h, 0]
+            d0 = 0
+            while d0 + 32 <= D:
+                simd.vaxpy32(sc, t * NP, N, v, v0 + d0, ldv, out, o0 + d0)
+                d0 += 32
+            if d0 + 16 <= D:
+                simd.vaxpy16(sc, t * NP, N, v, v0 + d0, ldv, out, o0 + d0)
+                d0 += 16
+            if d0 < D8:
+                simd.vaxpy8(sc, t * NP, N, v, v0 + d0, ldv, out, o0 + d0)
             o = out[s, t, h]
-            for d in range(D):
-                o[d] = acc[d]
+            for d in range(D8, D):
+                acc = np.float32(0.0)
+                for j in range(N):
+                    acc = acc + st[j] * v[s, j, iv, h, d]
+                o[d] = acc
 
 
 def mha_fast(q, k, v, mask, scale: float):
@@ -272,7 +299,23 @@ def mha_fast(q, k, v, mask, scale: float):
     S, T, H, D = q.shape
     if k.shape != v.shape or k.shape[0] != S or k.shape[2:] != (H, D):
         return None
-    N = k.shape[1]
+    return _mha(q.reshape(S, T, 1, H, D), 0, k.reshape(S, -1, 1, H, D), 0, v.reshape(S, -1, 1, H, D), 0, mask,
+                scale)
+
+
+def mha_fast_qkv(qkv, mask, scale: float):
+    """`mha_fast` on one projection's output: qkv (S, T, 3, H, D) f32 C-contiguous, planes Q, K, V (a fused
+    Q/K/V product (S*T, 3*H*D) reshaped): the same results as mha_fast(qkv[:, :, 0], qkv[:, :, 1],
+    qkv[:, :, 2]) on contiguous copies, without the copies. None where mha_fast would return None."""
+    if not (isinstance(qkv, np.ndarray) and qkv.dtype == np.float32 and qkv.ndim == 5 and qkv.shape[2] == 3
+            and qkv.flags.c_contiguous and qkv.size):
+        return None
+    return _mha(qkv, 0, qkv, 1, qkv, 2, mask, scale)
+
+
+def _mha(q5, iq, k5, ik, v5, iv, mask, scale: float):
+    S, T, _, H, D = q5.shape
+    N = k5.shape[1]
     if mask is not None:
         if not (isinstance(mask, np.ndarray) and mask.dtype in (np.float16, np.float32) and mask.ndim == 4
                 and mask.flags.c_contiguous):
@@ -286,5 +329,6 @@ def mha_fast(q, k, v, mask, scale: float):
     out = np.empty((S, T, H, D), np.float32)
     sc = np.float32(scale)
     per = max(1, PAR_MIN // max(1, T * N * D))
-    parallel_ranges(lambda lo, hi: _mha_fast(q, k, v, m4, mask is not None, sc, out, lo, hi), S * H, per)
+    parallel_ranges(lambda lo, hi: _mha_fast(q5, iq, k5, ik, v5, iv, m4, mask is not None, sc, out, lo, hi),
+                    S * H, per)
     return out.reshape(S, T, H * D)

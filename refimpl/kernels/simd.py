@@ -22,6 +22,10 @@ Intrinsics (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 blocks unless noted):
     vgelu16(x, i, tab, out)                  ggml's table GELU of x[i:i+16] into out[i:i+16] (unary.py)
     vsum8(x, lo, m) -> f64                   NumPy's pairwise-sum block, its eight f64 lane sums as one vector
                                              (_common.pairwise_sum_f64)
+    vaxpy8/16/32(a, a0, n, B, b0, ldb, out, o0)
+                                             out[o0:+L] = sum over i of fl(a[a0+i] * B[b0+i*ldb:+L]), L f32
+                                             lane sums in i order held in registers (attention.py's products)
+    vmax16(x, m) -> f32                      max of x[:16m] in 16 lanes, NaN if any is NaN (softmax rows)
 The callers check every bound the IR relies on (once per call); the IR itself does not, and its typing
 accepts only C-contiguous arrays, since it computes flat addresses.
 
@@ -421,4 +425,77 @@ def vsum8(typingctx, x, lo, m):
         lane = [builder.extract_element(r, ir.Constant(_I32, j)) for j in range(8)]
         return builder.fadd(builder.fadd(builder.fadd(lane[0], lane[1]), builder.fadd(lane[2], lane[3])),
                             builder.fadd(builder.fadd(lane[4], lane[5]), builder.fadd(lane[6], lane[7])))
+    return sig, codegen
+
+
+# -- f32 column sums in registers: attention's products ----------------------------------------------------------
+
+def _make_vaxpy(lanes: int):
+    vty = ir.VectorType(_F32, lanes)
+
+    @intrinsic
+    def vaxpy(typingctx, a, a0, n, B, b0, ldb, out, o0):
+        if not all(isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C" for x in (a, B, out)):
+            return None
+        sig = types.none(a, types.intp, types.intp, B, types.intp, types.intp, out, types.intp)
+
+        def codegen(context, builder, signature, args):
+            aa, a0v, nv, ba, b0v, ldv, oa, o0v = args
+            pa = builder.gep(_f32_data(context, builder, signature.args[0], aa), [a0v])
+            pb = builder.gep(_f32_data(context, builder, signature.args[3], ba), [b0v])
+            po = builder.gep(_f32_data(context, builder, signature.args[6], oa), [o0v])
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * lanes))
+            with cgutils.for_range(builder, nv) as loop:
+                i = loop.index
+                row = builder.load(builder.bitcast(builder.gep(pb, [builder.mul(i, ldv)]), vty.as_pointer()), align=4)
+                prod = builder.fmul(_splat(builder, builder.load(builder.gep(pa, [i])), vty), row)
+                builder.store(builder.fadd(builder.load(acc), prod), acc)
+            builder.store(builder.load(acc), builder.bitcast(po, vty.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    vaxpy.__doc__ = (f"out[o0 : o0+{lanes}] = Σ_i fl(a[a0+i] * B[b0 + i*ldb : +{lanes}]) for i = 0 .. n-1, each lane "
+                     "an f32 sum from +0 in i order, held in registers (fmul, then fadd: two roundings). a, B, out "
+                     "C-contiguous f32 of any rank, offsets in elements; the caller checks every bound.")
+    return vaxpy
+
+
+vaxpy8, vaxpy16, vaxpy32 = _make_vaxpy(8), _make_vaxpy(16), _make_vaxpy(32)
+
+
+# -- a row's maximum, 16 lanes at a time (softmax) -----------------------------------------------------------------
+
+@intrinsic
+def vmax16(typingctx, x, m):
+    """max(x[0 : 16m]) (m >= 1) by `v > M ? v : M` in 16 lanes, then across the lanes; NaN when any element is
+    NaN (the caller then takes its scalar loop, which decides which NaN). Which zero a maximum of +-0 returns may
+    differ from a scalar scan's; softmax subtracts it, where either gives the same bits. x 1-D C-contiguous
+    f32; the caller checks 16m <= x.size."""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C" and x.dtype == types.float32):
+        return None
+    sig = types.float32(x, types.intp)
+
+    def codegen(context, builder, signature, args):
+        xa, mv = args
+        px = _f32_data(context, builder, signature.args[0], xa)
+        b16 = ir.VectorType(ir.IntType(1), 16)
+        acc = cgutils.alloca_once_value(builder, _const_vec(_V16F, [float("-inf")] * 16))
+        nan = cgutils.alloca_once_value(builder, ir.Constant(b16, [0] * 16))
+        with cgutils.for_range(builder, mv) as loop:
+            off = builder.mul(loop.index, ir.Constant(mv.type, 16))
+            v = builder.load(builder.bitcast(builder.gep(px, [off]), _V16F.as_pointer()), align=4)
+            builder.store(builder.or_(builder.load(nan), builder.fcmp_unordered("uno", v, v)), nan)
+            a = builder.load(acc)
+            builder.store(builder.select(builder.fcmp_ordered(">", v, a), v, a), acc)
+        a = builder.load(acc)
+        n = 16
+        while n > 1:                                 # halves compared until one lane is left
+            n //= 2
+            mask = ir.VectorType(_I32, n)
+            lo = builder.shuffle_vector(a, a, ir.Constant(mask, list(range(n))))
+            hi = builder.shuffle_vector(a, a, ir.Constant(mask, list(range(n, 2 * n))))
+            a = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
+        r = builder.extract_element(a, ir.Constant(_I32, 0))
+        any_nan = builder.icmp_unsigned("!=", builder.bitcast(builder.load(nan), ir.IntType(16)),
+                                        ir.Constant(ir.IntType(16), 0))
+        return builder.select(any_nan, ir.Constant(_F32, float("nan")), r)
     return sig, codegen

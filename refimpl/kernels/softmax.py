@@ -17,6 +17,7 @@ from numba import njit
 from ..ops import softmax as ref_sm
 from ..ops._core import register
 from ..ops._shapes import ne4
+from . import simd
 from ._common import pairwise_sum_f64, parallel_ranges
 from .vexp import exp32_into
 
@@ -24,27 +25,49 @@ PAR_MIN = 1 << 14       # elements per thread at least
 
 
 @njit(inline="always")
-def soft_max_row(x, mr, has_mask, sl, sk, has_sinks, scale, e, p, o):
-    """One row of soft_max_ext: o = softmax(fl(x*scale) [+ sl*mr]) with the sink sk, the reference's steps
-    (see the module). x, o (n,) f32 (o may be x); mr (n,) f32 mask row; sl the row's slope (f64); e, p (n,)
-    f32 scratch (different arrays: exp32_into reads its inputs again for libm's fallback)."""
-    n = x.size
+def row_scores(x, mr, has_mask, sl, scale, e, n):
+    """soft_max_row's first steps: e[:n] = fl(x*scale), then with a mask fl(f64(e) + sl * f64(mr))."""
     for i in range(n):
         e[i] = x[i] * scale
     if has_mask:
         for i in range(n):
             e[i] = np.float32(np.float64(e[i]) + sl * np.float64(mr[i]))
-    M = e[0]
-    for i in range(1, n):
-        v = e[i]
-        if v > M or v != v:
-            if M == M:
-                M = v
+
+
+@njit(inline="always")
+def row_max(e, n):
+    """The reference's NaN-propagating max of e[:n]; e's size nv >= n, e[n:] = -inf (`scratch`). Whole vectors
+    (simd.vmax16) where nv is a multiple of 16 and the row has no NaN, else the reference's scan (which
+    decides which NaN); a max of +-0 may differ in its sign there, which the subtraction that follows
+    cannot see."""
+    nv = e.size
+    M = simd.vmax16(e, nv // 16) if nv >= n and nv >= 16 and nv % 16 == 0 else np.float32(np.nan)
+    if M != M:
+        M = e[0]
+        for i in range(1, n):
+            v = e[i]
+            if v > M or v != v:
+                if M == M:
+                    M = v
+    return M
+
+
+@njit(inline="always")
+def soft_max_row(x, mr, has_mask, sl, sk, has_sinks, scale, e, p, o):
+    """One row of soft_max_ext: o = softmax(fl(x*scale) [+ sl*mr]) with the sink sk, the reference's steps
+    (see the module). x, o (n,) f32 (o may be x); mr (n,) f32 mask row; sl the row's slope (f64); e, p f32
+    scratch of one size nv >= n, a multiple of 16, with e[n:] = -inf (`scratch`), different arrays
+    (exp32_into reads its inputs again for libm's fallback). The max and the exps run on whole vectors over
+    the padding (exp(-inf) = 0 there, never read); the sum takes p[:n] only, in the reference's order."""
+    n = x.size
+    nv = e.size
+    row_scores(x, mr, has_mask, sl, scale, e, n)
+    M = row_max(e, n)
     if has_sinks and (sk > M or sk != sk) and M == M:
         M = sk
     for i in range(n):
         e[i] = e[i] - M
-    exp32_into(e, p, n, 1.0)
+    exp32_into(e, p, nv if nv % 16 == 0 and nv <= p.size else n, 1.0)
     total = pairwise_sum_f64(p, 0, n)
     if has_sinks:
         total = total + np.float64(np.float32(np.exp(np.float64(sk - M))))
@@ -53,13 +76,20 @@ def soft_max_row(x, mr, has_mask, sl, sk, has_sinks, scale, e, p, o):
         o[i] = p[i] * inv
 
 
+@njit(inline="always")
+def scratch(n):
+    """soft_max_row's e and p for rows of n: n rounded up to 16, e's padding -inf."""
+    nv = max(16, (n + 15) // 16 * 16)
+    e = np.empty(nv, np.float32)
+    e[n:] = -np.inf
+    return e, np.empty(nv, np.float32)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _soft_max(a, na1, na2, mask, has_mask, slopes, sinks, has_sinks, scale, out, lo, hi):
     """Rows lo..hi-1 of a (rows, n) f32, row r = (s, h, t) with t = r % na1, h = r // na1 % na2;
     mask (m3, m2, >= na1, n) f32 tiled over h and s; slopes, sinks (na2,) f32."""
-    n = a.shape[1]
-    e = np.empty(n, np.float32)
-    p = np.empty(n, np.float32)
+    e, p = scratch(a.shape[1])
     m3, m2 = mask.shape[0], mask.shape[1]
     for r in range(lo, hi):
         t = r % na1

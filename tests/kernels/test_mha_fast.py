@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import assume, given, settings, strategies as st  # noqa: E402
 
 import refimpl  # noqa: E402
 import refimpl.kernels  # noqa: E402
@@ -23,7 +23,7 @@ from refimpl.ops import soft_max_ext  # noqa: E402
 from refimpl.testing import assert_bits_equal  # noqa: E402
 
 refimpl.kernels.load()
-from refimpl.kernels.attention import mha_fast  # noqa: E402
+from refimpl.kernels.attention import mha_fast, mha_fast_qkv  # noqa: E402
 
 
 def restated(q, k, v, mask, scale):
@@ -86,6 +86,20 @@ def test_mha_fast_is_its_contract_bit_for_bit(case):
                       f"mask {None if mask is None else (mask.shape, mask.dtype)}")
 
 
+@settings(max_examples=40, deadline=None)
+@given(case=attention_cases())
+def test_mha_fast_qkv_reads_the_planes_of_one_product(case):
+    """A fused Q/K/V product's output (S, T, 3, H, D): mha_fast_qkv on it gives mha_fast's bits on the
+    three planes copied out (same sums in the same order, only the addresses differ)."""
+    q, k, v, mask, scale = case
+    assume(k.shape[1] == q.shape[1])
+    qkv = np.ascontiguousarray(np.stack([q, k, v], axis=2))
+    got = mha_fast_qkv(qkv, mask, scale)
+    want = mha_fast(q, k, v, mask, scale)
+    assert got is not None and want is not None
+    assert_bits_equal(_nan_as_one(got), _nan_as_one(want), f"mha_fast_qkv {qkv.shape}")
+
+
 def _nan_as_one(x):
     """NaNs as one pattern: the sign and payload of a NaN from inf - inf or 0 * inf depend on which operand
     of an add comes first in the machine code (x86 keeps the first NaN operand's), which LLVM may swap."""
@@ -105,11 +119,16 @@ def test_mha_fast_declines_what_it_does_not_cover():
     assert mha_fast(q, k, k, np.zeros((2, 2, 5, 5), np.float32), 1.0) is None   # mask heads not dividing 3
     assert mha_fast(q, k, k, m.astype(np.float64), 1.0) is None
     assert mha_fast(q[:, :0], k, k, m, 1.0) is None                             # empty
+    qkv = np.stack([q, k, k], axis=2)
+    assert mha_fast_qkv(qkv[:, :, :2], m, 1.0) is None                          # two planes
+    assert mha_fast_qkv(qkv[..., ::2], m, 1.0) is None                          # strided
+    assert mha_fast_qkv(qkv.astype(np.float16), m, 1.0) is None
 
 
 def test_bert_fast_runs_the_fused_attention_within_fast_bounds(tmp_path):
-    """On a tiny random BERT (tests/models/bert_tiny.py), numerics="fast" on the Numba backend runs mha_fast
-    once a layer and a capture runs the three ops instead. The fused states are as close to exact mode's as
+    """On a tiny random BERT (tests/models/bert_tiny.py), numerics="fast" on the Numba backend runs the fused
+    attention once a layer (f32 weights: one Q/K/V product, mha_fast_qkv on its planes) and a capture runs the
+    three ops instead. The fused states are as close to exact mode's as
     the ops' are (both are fast mode: f32 sums in the linear layers too, which the layer norms amplify to
     ~4e-5 relative here), and the two fast results differ by the attention sums' order only (~1e-6)."""
     pytest.importorskip("safetensors", reason="the safetensors package reads Hugging Face weights")
@@ -119,19 +138,21 @@ def test_bert_fast_runs_the_fused_attention_within_fast_bounds(tmp_path):
     model = bert.load(write_tiny_bert_hf(tmp_path / "tiny"))
     ids = [[4] + list(range(7, 7 + n)) + [5] for n in (3, 17, 9)]
     calls = []
-    orig = ka.mha_fast
+    orig, orig_qkv = ka.mha_fast, ka.mha_fast_qkv
     with refimpl.backend("numba"):
         with refimpl.numerics("exact"):
             exact = bert.forward(model, ids)
         with refimpl.numerics("fast"):
-            ka.mha_fast = lambda *a: calls.append(1) or orig(*a)
+            ka.mha_fast = lambda *a: calls.append("mha_fast") or orig(*a)
+            ka.mha_fast_qkv = lambda *a: calls.append("qkv") or orig_qkv(*a)
             try:
                 fused = bert.forward(model, ids)
                 n_fused = len(calls)
                 ops_path = bert.forward(model, ids, capture={})
             finally:
-                ka.mha_fast = orig
-    assert n_fused == model.hparams.n_layer and len(calls) == n_fused      # the capture took the ops
+                ka.mha_fast, ka.mha_fast_qkv = orig, orig_qkv
+    assert calls == ["qkv"] * model.hparams.n_layer                         # the capture took the ops
+    assert n_fused == model.hparams.n_layer
     for a, b, c in zip(fused, ops_path, exact):
         scale = float(np.abs(c).max())
         d_fused, d_ops = float(np.abs(a - c).max()), float(np.abs(b - c).max())
