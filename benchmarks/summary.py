@@ -166,7 +166,7 @@ def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
     out = {"Python": platform.python_version()}
     for name in ("numpy", "numba", "gguf", "ggml-python", "llama_cpp_python", "torch", "sentence-transformers",
-                 "rwkv"):
+                 "rwkv", "mkl"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:

@@ -3,7 +3,7 @@
 # pytest's exit code 5 (no tests collected) is a failure here, not a pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,tokenizers,numba,notebooks,docs || exit 1
+bash scripts/setup.sh test,tokenizers,numba,notebooks,docs,mkl || exit 1
 .venv/bin/refimpl fetch smollm2 >/dev/null || exit 1
 .venv/bin/refimpl fetch minilm >/dev/null || exit 1
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"

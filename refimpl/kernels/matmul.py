@@ -17,7 +17,8 @@ Fast numerics (section at the end): f32 sums -- fused `_fast_<type>` decode kern
 Q5_1 Q8_0 (vector IR from kernels/simd.py: 16-29 GFLOP/s per core against 3.5-5.4 for the f64 decode),
 BLAS sgemv for f32 weights of at least FAST_BLAS_MIN elements (RWKV's 768x768: 37 GFLOP/s against 9 for
 the f64 kernel), f32 BLAS tiles for
-prefill; other decode products run the exact kernels. Small f32 products (attention over the KV cache)
+prefill (f32 weights: MKL's sgemm where the `mkl` wheel is installed, kernels/mkl.py); other decode products
+run the exact kernels. Small f32 products (attention over the KV cache)
 stay off BLAS: OpenBLAS's threads spin after a call and the decode kernels' OpenMP threads after a prange,
 and the two fight over the cores when interleaved (a prefill whose tile decoding used the prange drivers
 ran 10x slower, measured).
@@ -38,7 +39,7 @@ from ..ops._core import current_numerics, register
 from ..ops._shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
-from . import quants, simd
+from . import mkl, quants, simd
 from ._common import _PREFIX, n_threads, parallel_ranges
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
@@ -493,8 +494,10 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
                         quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())
                     else:
                         quants.dequantize_into(tid, blocks, t32)
-                if fast:                            # sgemm straight into the output
-                    np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
+                if fast:                            # sgemm straight into the output (MKL's for f32 weights)
+                    if not (tid is None and bsx.flags.c_contiguous and o.flags.c_contiguous
+                            and mkl.sgemm_nt(bsx.reshape(-1, k), t32, o.reshape(-1, n)[:, lo:hi])):
+                        np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
                 else:
                     o[..., lo:hi] = bsx @ t32.reshape(hi - lo, k).astype(dt, copy=False).T
     nd = max(len(b.shape), 2)
