@@ -162,9 +162,10 @@ _F32 = np.dtype(np.float32)
 
 def _binary(name, a, b, fn):
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == _F32 and b.dtype == _F32
-            and a.flags.c_contiguous and a.ndim >= b.ndim and a.shape[a.ndim - b.ndim:] == b.shape):
-        # the models' case (x + y, x * norm weight): b repeats over a's leading dims, which is NumPy's
-        # broadcast too; one f32 operation per element, as below
+            and a.flags.c_contiguous and a.ndim >= b.ndim
+            and all(m == n or m == 1 for m, n in zip(b.shape, a.shape[a.ndim - b.ndim:]))):
+        # the models' case (x + y, x * norm weight, x + one row): b repeats over a's leading dims and its
+        # dims of 1, where ggml's tiling is NumPy's broadcast; one f32 operation per element, as below
         with np.errstate(all="ignore"):
             return fn(a, b)
     x, ta = _load(name, a, tuple(_BINARY_TYPES))

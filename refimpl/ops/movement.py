@@ -173,8 +173,11 @@ def get_rows(a, rows: np.ndarray) -> np.ndarray:
         d4 = a.data.reshape(na[3], na[2], R, a.data.shape[-1])
         sel = QTensor(a.type, d4[i3, i2, r3], (na[3], na[2], nr[0], na[0]))
         return dequantize(sel).reshape(out_shape)
-    sel = a.reshape(na[3], na[2], R, na[0])[i3, i2, r3]
-    return sel.astype(np.int32 if a.dtype == np.int32 else np.float32).reshape(out_shape)
+    if na[2] == 1 and na[3] == 1:         # one table (the token embeddings): one gather, no index grids
+        sel = np.take(a.reshape(R, na[0]), r3.reshape(-1), axis=0)
+    else:
+        sel = a.reshape(na[3], na[2], R, na[0])[i3, i2, r3]
+    return sel.astype(np.int32 if a.dtype == np.int32 else np.float32, copy=False).reshape(out_shape)
 
 
 @op("get_rows_back")
