@@ -155,6 +155,16 @@ def _hf_nfd(s: str) -> str:
     return unicodedata.normalize("NFD", s)
 
 
+# ASCII text (`_words_ascii`): the classes above evaluated once on the 128 ASCII characters
+_ASCII_CHARS = [chr(i) for i in range(128)]
+_ASCII_PLAIN = all(not _hf_mn(c) and _hf_nfd(c) == c and not _is_cjk(ord(c)) and c.lower().isascii()
+                   and len(c.lower()) == 1 for c in _ASCII_CHARS)
+_ASCII_CLEAN = {ord(c): (None if _hf_deleted(c) else " ") for c in _ASCII_CHARS
+                if _hf_deleted(c) or c in _WHITESPACE}
+_ASCII_WORDS = re.compile("[{p}]|[^{p}{w}]+".format(p=re.escape("".join(c for c in _ASCII_CHARS if _hf_punct(c))),
+                                                   w=re.escape("".join(c for c in _ASCII_CHARS if c in _WHITESPACE))))
+
+
 # ---- character classes, llama.cpp (unicode.cpp's flags, from UnicodeData categories) -----------
 
 @lru_cache(maxsize=None)
@@ -520,6 +530,22 @@ class WordPieceTokenizer:
         """Steps 1-5: the normalized words of `text` (no special-token handling)."""
         if self.compat == "llama.cpp":
             return self._words_llama_cpp(text)
+        if text.isascii() and _ASCII_PLAIN:
+            return self._words_ascii(text)
+        return self._words_hf(text)
+
+    def _words_ascii(self, text: str) -> list[str]:
+        """`_words_hf` for ASCII text, with str methods and one regex: there the steps reduce to deleting the
+        control characters and mapping whitespace to spaces (clean_text), lowercasing, and splitting at
+        whitespace and around punctuation (no CJK, no accents; checked on every ASCII character at import)."""
+        if self.clean_text:
+            text = text.translate(_ASCII_CLEAN)
+        if self.do_lower_case:
+            text = text.lower()
+        return _ASCII_WORDS.findall(text)
+
+    def _words_hf(self, text: str) -> list[str]:
+        """`words` for the Hugging Face tokenizer, one character at a time."""
         if self.clean_text:
             text = "".join(" " if c in _WHITESPACE else c for c in text if not _hf_deleted(c))
         if self.tokenize_chinese_chars:

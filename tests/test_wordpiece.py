@@ -165,6 +165,19 @@ def test_normalizer_options_match_tokenizers(lower, strip, chinese, s):
     assert ours.encode(s) == hf.encode(s).ids
 
 
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(s=st.text(alphabet=st.characters(max_codepoint=127), max_size=80))
+def test_ascii_text_matches_tokenizers_and_the_character_path(tok, hf, s):
+    """ASCII text takes `_words_ascii` (str.translate, str.lower, one regex): tokenizers' ids, and the words
+    of the character-by-character path under every normalizer option (clean_text off too)."""
+    assert tok.encode(s) == hf.encode(s).ids
+    for clean in (True, False):
+        for lower, strip, chinese in [(True, None, True), (False, False, True), (False, True, False)]:
+            t = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"], do_lower_case=lower,
+                                   strip_accents=strip, tokenize_chinese_chars=chinese, clean_text=clean)
+            assert t.words(s) == t._words_ascii(s) == t._words_hf(s), (clean, lower, strip, chinese)
+
+
 _OPTION_CACHE: dict = {}
 
 
