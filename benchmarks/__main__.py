@@ -134,7 +134,8 @@ def child_kernels(job: dict) -> dict:
             for t in types:
                 try:
                     fns = _kernel_fns(op, refimpl.as_type(t), x, ggml, th == 1)
-                    cpu, wall = K.measure(fns, job["repeat"])
+                    cpu, wall = K.measure(fns, job.get("deq_repeat", job["repeat"]) if op == "dequantize"
+                                          else job["repeat"])
                     tm = cpu if th == 1 else wall            # as benchmarks/kernels.py
                     rates[f"{op}|{t}|{th}"] = {k: x.size / 1e6 / s for k, s in tm.items()}
                 except Exception as e:                    # noqa: BLE001 -- one type's failure is a cell, not the run
@@ -327,14 +328,17 @@ def part_quants(cfg: Config, notes: list) -> list[Row]:
         return []
     deq = cfg.pick([type_traits[t].name for t in type_traits if type_traits[t].is_quantized or t.name == "BF16"],
                    list(DEQ_QUICK))
-    job = dict(elems=cfg.pick(1 << 20, 1 << 16), repeat=cfg.pick(5, 2), threads=cfg.threads, deq_types=deq,
-               q_types=list(cfg.pick(Q_TYPES_FULL, Q_TYPES)))
+    # a dequantize call is 0.2-10 ms: 25 interleaved rounds cost ~5 s in all and steady the best of each engine,
+    # which five rounds left 5-10% apart from run to run; quantize calls take up to seconds, five rounds
+    job = dict(elems=cfg.pick(1 << 20, 1 << 16), repeat=cfg.pick(5, 2), deq_repeat=cfg.pick(25, 2),
+               threads=cfg.threads, deq_types=deq, q_types=list(cfg.pick(Q_TYPES_FULL, Q_TYPES)))
     r = spawn_child("kernels", job, thread_env(max(cfg.threads), "numba"), cfg)
     if "error" in r:
         notes.append(f"quants: {r['error']}")
         return []
     notes.append(f"quants: kernels compiled or loaded from Numba's cache in {r['compile_s']:.1f} s (before timing); "
-                 f"{job['elems']} elements per call, best of {job['repeat']}")
+                 f"{job['elems']} elements per call, best of {job['deq_repeat']} (dequantize) and {job['repeat']} "
+                 f"(quantize) interleaved rounds")
     missed = []                  # types whose 8x-gguf-py target misses, with the rate it asks for
     for t in deq:
         v = r["rates"].get(f"dequantize|{t}|1", {})
