@@ -233,9 +233,12 @@ def read_checkpoint(path) -> Checkpoint:
             for il in range(L):
                 q = raw[offset:offset + per].view(np.int8)
                 s = raw[offset + per:offset + per + 4 * (per // group_size)].view("<f4")
-                # runq.c's dequantize: x[i] = q[i] * s[i / GS], one f32 product
-                np.multiply(q.reshape(-1, group_size).astype(np.float32), s[:, None],
-                            out=flat[il].reshape(-1, group_size))
+                # runq.c's dequantize: x[i] = q[i] * s[i / GS], one f32 product; a scale the file stores as
+                # inf or NaN, or one so large the product overflows, gives the inf / NaN runq.c computes, as a
+                # version 0/1 file's raw floats would be taken as they are: no warning for either
+                with np.errstate(over="ignore", invalid="ignore"):
+                    np.multiply(q.reshape(-1, group_size).astype(np.float32), s[:, None],
+                                out=flat[il].reshape(-1, group_size))
                 offset += per + 4 * (per // group_size)
             tensors[name] = out
         else:
