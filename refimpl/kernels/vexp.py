@@ -26,7 +26,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.core.extending import intrinsic
+from numba.core.extending import intrinsic, overload
 
 LN2_HI = 6.93147180369123816490e-01          # fdlibm's split of ln 2: 32 significant bits
 LN2_LO = 1.90821492927058770002e-10
@@ -106,13 +106,89 @@ def _exp_poly(x):
     return y, ok
 
 
+_COEFFS = (1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+           1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0)     # _exp_poly's Horner steps
+
+
+@intrinsic
+def _vexp8(typingctx, src, dst, i, sign):
+    """`_exp_poly` on 8 lanes: dst[i:i+8] = fl32(y) for x = sign * f64(src[i:i+8]), returning how many lanes are
+    not ok (their y must be replaced by libm's). Every operation is _exp_poly's, in its order, on <8 x double>
+    (an explicit vector, which LLVM keeps whole: its loop vectorizer prefers 4-lane f64 here). src, dst 1-D
+    C-contiguous f32; the caller checks i + 8 <= both sizes."""
+    if not (all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float32
+                for a in (src, dst)) and sign == types.float64):
+        return None
+    sig = types.intp(src, dst, types.intp, types.float64)
+
+    def codegen(context, builder, signature, args):
+        sa, da, iv, sv = args
+        d, i64 = ir.DoubleType(), ir.IntType(64)
+        v8d, v8i, v8f = ir.VectorType(d, 8), ir.VectorType(i64, 8), ir.VectorType(ir.FloatType(), 8)
+
+        def cd(v):
+            return ir.Constant(v8d, [ir.Constant(d, v)] * 8)
+
+        def ci(v):
+            return ir.Constant(v8i, [ir.Constant(i64, v)] * 8)
+
+        def ptr(aty, a):
+            data = context.make_array(aty)(context, builder, a).data
+            return builder.bitcast(builder.gep(data, [iv]), v8f.as_pointer())
+        x = builder.fpext(builder.load(ptr(signature.args[0], sa), align=4), v8d)
+        sgn = builder.insert_element(ir.Constant(v8d, ir.Undefined), sv, ir.Constant(ir.IntType(32), 0))
+        sgn = builder.shuffle_vector(sgn, ir.Constant(v8d, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+        x = builder.fmul(sgn, x)
+        t = builder.fadd(builder.fmul(x, cd(INV_LN2)), cd(ROUND))
+        kb = builder.sub(builder.bitcast(t, v8i), ci(_ROUND_BITS))
+        k = builder.fsub(t, cd(ROUND))
+        r = builder.fsub(builder.fsub(x, builder.fmul(k, cd(LN2_HI))), builder.fmul(k, cd(LN2_LO)))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8d, [v8d, v8d, v8d]), "llvm.fma.v8f64")
+        p = cd(1.0 / 6227020800.0)
+        for c in _COEFFS:
+            p = builder.call(fma, [p, r, cd(c)])
+        y = builder.fmul(p, builder.bitcast(builder.shl(builder.add(kb, ci(1023)), ci(52)), v8d))
+        low = builder.sub(builder.and_(builder.bitcast(y, v8i), ci(LO29)), ci(HALF29))
+        plain = builder.and_(builder.fcmp_ordered(">=", x, cd(-87.0)), builder.fcmp_ordered("<=", x, cd(88.0)))
+        far = builder.or_(builder.icmp_signed(">", low, ci(MARGIN)), builder.icmp_signed("<", low, ci(-MARGIN)))
+        under, over = builder.fcmp_ordered("<", x, cd(-104.0)), builder.fcmp_ordered(">", x, cd(89.0))
+        ok = builder.or_(builder.or_(builder.and_(plain, far), under), over)
+        y = builder.select(under, cd(0.0), builder.select(over, cd(float("inf")), y))
+        builder.store(builder.fptrunc(y, v8f), ptr(signature.args[1], da), align=4)
+        bad = builder.bitcast(builder.not_(ok), ir.IntType(8))
+        ctpop = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(8), [ir.IntType(8)]),
+                                               "llvm.ctpop.i8")
+        return builder.zext(builder.call(ctpop, [bad]), i64)
+    return sig, codegen
+
+
+def _exp8_runs(src, dst, n, sign):
+    """How many leading elements `exp32_into` did 8 at a time, with the number of them not ok."""
+
+
+@overload(_exp8_runs, inline="always")
+def _exp8_runs_impl(src, dst, n, sign):
+    if all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in (src, dst)):
+        def vec(src, dst, n, sign):
+            n8 = n - n % 8
+            if n8 > min(src.size, dst.size):
+                n8 = 0
+            bad = 0
+            for i in range(0, n8, 8):
+                bad += _vexp8(src, dst, i, sign)
+            return n8, bad
+        return vec
+    return lambda src, dst, n, sign: (0, 0)
+
+
 @njit(inline="always")
 def exp32_into(src, dst, n, sign):
     """dst[i] = fl32(exp(sign * f64(src[i]))) for i < n (src, dst f32, sign 1.0 or -1.0), libm's bits.
     src and dst must be different arrays: the elements that take libm's path are found again from src
-    after dst is written. Returns the number of elements that took libm's path."""
-    bad = 0
-    for i in range(n):
+    after dst is written. Returns the number of elements that took libm's path. Contiguous arrays go 8
+    elements at a time through `_vexp8` (the same operations as `_exp_poly`), the rest one at a time."""
+    n8, bad = _exp8_runs(src, dst, n, np.float64(sign))
+    for i in range(n8, n):
         y, ok = _exp_poly(sign * np.float64(src[i]))
         dst[i] = np.float32(y)
         bad += 0 if ok else 1
