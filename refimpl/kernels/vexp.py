@@ -166,7 +166,7 @@ def _exp8_runs(src, dst, n, sign):
     """How many leading elements `exp32_into` did 8 at a time, with the number of them not ok."""
 
 
-@overload(_exp8_runs, inline="always")
+@overload(_exp8_runs)
 def _exp8_runs_impl(src, dst, n, sign):
     if all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in (src, dst)):
         def vec(src, dst, n, sign):
