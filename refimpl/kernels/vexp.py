@@ -73,6 +73,9 @@ def _fma(typingctx, a, b, c):
 
 
 _ROUND_BITS = 0x4338000000000000              # _bits(ROUND)
+_C13 = 1.0 / 6227020800.0                    # 1/13!: the Taylor polynomial's leading coefficient, then
+_COEFFS = (1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+           1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0)     # the Horner steps (_exp_poly, _vexp8)
 
 
 @njit(inline="always")
@@ -84,30 +87,15 @@ def _exp_poly(x):
     kb = _bits(t) - _ROUND_BITS                  # k = round(x / ln 2), from t's low bits
     k = t - ROUND
     r = (x - k * LN2_HI) - k * LN2_LO
-    p = 1.0 / 6227020800.0
-    p = _fma(p, r, 1.0 / 479001600.0)
-    p = _fma(p, r, 1.0 / 39916800.0)
-    p = _fma(p, r, 1.0 / 3628800.0)
-    p = _fma(p, r, 1.0 / 362880.0)
-    p = _fma(p, r, 1.0 / 40320.0)
-    p = _fma(p, r, 1.0 / 5040.0)
-    p = _fma(p, r, 1.0 / 720.0)
-    p = _fma(p, r, 1.0 / 120.0)
-    p = _fma(p, r, 1.0 / 24.0)
-    p = _fma(p, r, 1.0 / 6.0)
-    p = _fma(p, r, 0.5)
-    p = _fma(p, r, 1.0)
-    p = _fma(p, r, 1.0)
+    p = _C13
+    for c in _COEFFS:                             # Horner: 1/12!, 1/11!, ..., 1/2, 1, 1
+        p = _fma(p, r, c)
     y = p * _from_bits((kb + 1023) << 52)
     low = (_bits(y) & LO29) - HALF29
     plain = (x >= -87.0) & (x <= 88.0)
     ok = (plain & ((low > MARGIN) | (low < -MARGIN))) | (x < -104.0) | (x > 89.0)
     y = 0.0 if x < -104.0 else (np.inf if x > 89.0 else y)
     return y, ok
-
-
-_COEFFS = (1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
-           1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0)     # _exp_poly's Horner steps
 
 
 @intrinsic
@@ -144,7 +132,7 @@ def _vexp8(typingctx, src, dst, i, sign):
         k = builder.fsub(t, cd(ROUND))
         r = builder.fsub(builder.fsub(x, builder.fmul(k, cd(LN2_HI))), builder.fmul(k, cd(LN2_LO)))
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8d, [v8d, v8d, v8d]), "llvm.fma.v8f64")
-        p = cd(1.0 / 6227020800.0)
+        p = cd(_C13)
         for c in _COEFFS:
             p = builder.call(fma, [p, r, cd(c)])
         y = builder.fmul(p, builder.bitcast(builder.shl(builder.add(kb, ci(1023)), ci(52)), v8d))
