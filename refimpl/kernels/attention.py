@@ -36,7 +36,7 @@ from ..ops.softmax import alibi_slopes
 from ..qtensor import QTensor, dequantize
 from ._common import pairwise_sum_f64, parallel_ranges
 from . import simd
-from .softmax import row_max, row_scores
+from .softmax import row_max, row_normalize, row_scores
 from .vexp import exp32_into
 
 PAR_MIN = 1 << 16       # multiply-adds (n_kv * (head_dim + head_dim_v) per query row) per thread at least
@@ -262,9 +262,7 @@ def _mha_fast(q, iq, k, ik, v, iv, mask, has_mask, scale, out, lo, hi):
         v0 = ((s * N * PV + iv) * H + h) * D             # v[s, 0, iv, h, 0]
         for t in range(T):
             pt, st = pr[t], sc[t]
-            inv = np.float32(1.0 / pairwise_sum_f64(pt, 0, N))
-            for j in range(N):
-                st[j] = pt[j] * inv
+            row_normalize(pt, pairwise_sum_f64(pt, 0, N), st, N)
             o0 = ((s * T + t) * H + h) * D               # out[s, t, h, 0]
             d0 = 0
             while d0 + 32 <= D:

@@ -71,6 +71,12 @@ def soft_max_row(x, mr, has_mask, sl, sk, has_sinks, scale, e, p, o):
     total = pairwise_sum_f64(p, 0, n)
     if has_sinks:
         total = total + np.float64(np.float32(np.exp(np.float64(sk - M))))
+    row_normalize(p, total, o, n)
+
+
+@njit(inline="always")
+def row_normalize(p, total, o, n):
+    """soft_max_row's last step: o[:n] = p[:n] * fl32(1 / total) (total the f64 sum of the row's exps)."""
     inv = np.float32(1.0 / total)
     for i in range(n):
         o[i] = p[i] * inv
