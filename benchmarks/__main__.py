@@ -147,7 +147,7 @@ def child_kernels(job: dict) -> dict:
 
 
 def _kernel_fns(op, t, x, ggml, all_engines: bool) -> dict:
-    """The functions timed for one (op, type): numba and ggml always, numpy and gguf-py at 1 thread."""
+    """The functions timed for one (op, type): numba, ggml and gguf-py always, numpy at 1 thread."""
     import refimpl
     from benchmarks import kernels as K
     try:
@@ -159,9 +159,9 @@ def _kernel_fns(op, t, x, ggml, all_engines: bool) -> dict:
         fns = {"numba": K._under("numba", lambda: refimpl.dequantize(qt))}
         if all_engines:
             fns["numpy"] = K._under("numpy", lambda: refimpl.dequantize(qt))
-            gtype = getattr(gq, "_type_traits", {}).get(t) if gq else None
-            if gtype and "dequantize_blocks" in gtype.__dict__:
-                fns["gguf"] = lambda: gq.dequantize(qt.data, t)
+        gtype = getattr(gq, "_type_traits", {}).get(t) if gq else None
+        if gtype and "dequantize_blocks" in gtype.__dict__:       # NumPy, one thread whatever the setting
+            fns["gguf"] = lambda: gq.dequantize(qt.data, t)
         if ggml:
             fns["ggml"] = lambda: ggml.dequantize(qt)
         return fns
@@ -366,9 +366,9 @@ def part_quants(cfg: Config, notes: list) -> list[Row]:
 
 
 def _kernel_pairs(op: str, th: int) -> list:
-    """(A, B) engines of the rows of one (op, type, threads): numpy and gguf-py are timed at 1 thread only."""
+    """(A, B) engines of the rows of one (op, type, threads): refimpl numpy is timed at 1 thread only."""
     if th != 1:
-        return [("numba", "ggml")]
+        return [("numba", "ggml"), ("numba", "gguf")] if op == "dequantize" else [("numba", "ggml")]
     if op == "dequantize":
         return [("numba", "ggml"), ("numba", "gguf"), ("numpy", "gguf")]
     return [("numba", "ggml"), ("numpy", "ggml")]
@@ -379,7 +379,7 @@ ENGINE = {"numba": "refimpl numba", "numpy": "refimpl numpy", "ggml": "ggml C", 
 
 def _kernel_row(op, t, th, a, va, b, vb, rss, exact) -> Row:
     a, b = ENGINE[a], ENGINE[b]
-    threads = str(th) if th == 1 or b != "ggml C" else f"{th} (ggml C: 1)"
+    threads = str(th) if th == 1 or b not in ("ggml C", "gguf-py") else f"{th} ({b}: 1)"
     return Row("quants", f"{op} {t}, Melem/s", a, va, b, vb, threads, f"{rss} (one process)",
                key=f"{op} {t}", target=target_for(f"{op} {t}", a, b, th), exact=exact)
 

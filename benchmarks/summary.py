@@ -76,11 +76,10 @@ def target_for(key: str, engine_a: str, engine_b: str, threads: int) -> float | 
     if engine_a not in ("refimpl numba", "refimpl numba fast"):      # the Numba backend, exact or fast numerics
         return None
     op, _, typ = key.partition(" ")
-    if op == "dequantize" and threads == 1:
-        if engine_b == "ggml C" and typ in DEQ_VS_GGML:
-            return 1.0
-        if engine_b == "gguf-py":
-            return 8.0
+    if op == "dequantize" and threads == 1 and engine_b == "ggml C" and typ in DEQ_VS_GGML:
+        return 1.0
+    if op == "dequantize" and engine_b == "gguf-py":     # gguf-py's NumPy runs on one thread: at 1 and 2 threads
+        return 8.0
     if op == "quantize" and threads == 1 and engine_b == "ggml C" and typ in Q_VS_GGML:
         return 1.0
     if threads == 2 and engine_b == "llama.cpp":

@@ -109,6 +109,8 @@ def test_missing_engine_is_a_cell_not_a_crash():
     ("dequantize iq4_xs", "refimpl numba", "ggml C", 1, 1.0),
     ("dequantize q8_K", "refimpl numba", "ggml C", 1, None),       # not in the list
     ("dequantize iq2_xxs", "refimpl numba", "gguf-py", 1, 8.0),   # every type gguf-py has
+    ("dequantize q8_0", "refimpl numba", "gguf-py", 2, 8.0),      # gguf-py: NumPy on one thread either way
+    ("dequantize q8_0", "refimpl numba", "ggml C", 2, None),      # ggml C: single thread only
     ("dequantize q4_0", "refimpl numpy", "gguf-py", 1, None),
     ("quantize q6_K", "refimpl numba", "ggml C", 1, 1.0),
     ("quantize q5_0", "refimpl numba", "ggml C", 1, None),

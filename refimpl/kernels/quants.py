@@ -7,6 +7,8 @@ Versions:
     DECODERS[tid]                     the decoders by ggml type number: `dequantize_into` runs one on ranges
                                       of blocks in threads (they are `nogil`); each compiles on first use,
                                       and mul_mat's decode path inlines them one type at a time
+    PAR_DECODERS[tid]                 the same decoders split over Numba's OpenMP threads (a prange
+                                      driver each): what refimpl.dequantize runs on a whole tensor
 
 Each NumPy dequantizer in refimpl.quants gets a wrapper with its signature `(blocks, out=None) -> out`,
 registered with `implements(reference, "numba")`, so `refimpl.dequantize` runs it under the numba
@@ -22,16 +24,18 @@ the hottest (Q8_0, Q4_K, Q5_K) also index slices from 0, keep nibbles uint8 up t
 from __future__ import annotations
 
 import functools
+import os
+import threading
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 from numba.np.ufunc import parallel as _numba_parallel
 
 from ..ops._core import implements
 from ..quants import DEQUANTIZERS
 from ..types import GGMLType, traits
 from . import simd
-from ._common import f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, n_threads, parallel_ranges
+from ._common import _PREFIX, f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, n_threads, parallel_ranges
 
 _TWO_M24 = np.float32(2.0 ** -24)
 
@@ -360,10 +364,10 @@ def _q4_K_chunk(src, out, i, c, d, dmin, R):
     M0 = dmin * np.float32(m0)
     D1 = d * np.float32(sc1)
     M1 = dmin * np.float32(m1)
+    for l in range(_rt(32, R, 256)):           # two loops, as ggml's: one output stream each (3-5% faster
+        out[i, 64 * c + l] = np.float32(np.uint8(src[i, 16 + 32 * c + l] & 15)) * D0 - M0  # than both in one)
     for l in range(_rt(32, R, 256)):
-        b = src[i, 16 + 32 * c + l]
-        out[i, 64 * c + l] = np.float32(np.uint8(b & 15)) * D0 - M0
-        out[i, 64 * c + 32 + l] = np.float32(np.uint8(b >> 4)) * D1 - M1
+        out[i, 64 * c + 32 + l] = np.float32(np.uint8(src[i, 16 + 32 * c + l] >> 4)) * D1 - M1
 
 
 @njit(cache=True, nogil=True)
@@ -389,12 +393,11 @@ def _q5_K_chunk(src, out, i, c, d, dmin, R):
     M0 = dmin * np.float32(m0)
     D1 = d * np.float32(sc1)
     M1 = dmin * np.float32(m1)
-    for l in range(_rt(32, R, 256)):
-        b = src[i, 48 + 32 * c + l]
-        qh = src[i, 16 + l]
-        q0 = np.uint8(b & 15) | np.uint8(((qh >> (2 * c)) & 1) << 4)
-        q1 = np.uint8(b >> 4) | np.uint8(((qh >> (2 * c + 1)) & 1) << 4)
+    for l in range(_rt(32, R, 256)):           # one output stream per loop (see _q4_K_chunk)
+        q0 = np.uint8(src[i, 48 + 32 * c + l] & 15) | np.uint8(((src[i, 16 + l] >> (2 * c)) & 1) << 4)
         out[i, 64 * c + l] = np.float32(np.uint8(q0)) * D0 - M0
+    for l in range(_rt(32, R, 256)):
+        q1 = np.uint8(src[i, 48 + 32 * c + l] >> 4) | np.uint8(((src[i, 16 + l] >> (2 * c + 1)) & 1) << 4)
         out[i, 64 * c + 32 + l] = np.float32(np.uint8(q1)) * D1 - M1
 
 
@@ -653,6 +656,192 @@ DECODERS = {F32_T: _dq_f32, F16_T: _dq_f16, BF16_T: _dq_bf16, Q4_0: _dq_q4_0, Q4
 DECODABLE = frozenset(t for t in DEQUANTIZERS if int(t) in DECODERS)
 
 
+# -- thread drivers ------------------------------------------------------------------------------------------
+# A whole tensor's decode (the dequantize entry point) splits its blocks in a `prange`: Numba's OpenMP threads
+# start a range in ~5 us, the Python pool of parallel_ranges in ~65-100 us (an empty task's round trip here),
+# as long as the decode of 1M elements takes on one core. One small driver per decoder, as kernels/matmul.py's
+# (a driver taking the decoder as an argument would not be cached); mul_mat's tiles keep parallel_ranges
+# (`dequantize_into`): OpenMP threads that spin after a prange take the cores from OpenBLAS's next sgemm.
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_f32(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_f32(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_f16(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_f16(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_bf16(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_bf16(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q4_0(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q4_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q4_1(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q4_1(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q5_0(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q5_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q5_1(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q5_1(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q8_0(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q8_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q8_1(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q8_1(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q1_0(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q1_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q2_K(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q2_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q3_K(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q3_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q4_K(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q4_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q5_K(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q5_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q6_K(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q6_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_q8_K(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_q8_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq2_xxs(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq2_xxs(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq2_xs(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq2_xs(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq2_s(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq2_s(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq3_xxs(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq3_xxs(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq3_s(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq3_s(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq1_s(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq1_s(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq1_m(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq1_m(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq4_nl(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq4_nl(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_iq4_xs(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_iq4_xs(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_tq1_0(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_tq1_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_tq2_0(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_tq2_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_mxfp4(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_mxfp4(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_dq_nvfp4(src, out, T, nchunk):
+    n = src.shape[0]
+    for c in prange(nchunk):
+        _dq_nvfp4(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+
+
+PAR_DECODERS = {tid: globals()[f"_par_dq_{GGMLType(tid).name.lower().replace('_k', '_K')}"] for tid in DECODERS}
+_PID = os.getpid()
+
+
 # The per-tensor path below runs on caches that the previous decode has just flushed (1M elements
 # write 4 MB), where each Python-level step costs several microseconds: it takes as few as it can.
 
@@ -677,6 +866,21 @@ def _decode(dq, src, out, min_blocks, T):
         parallel_ranges(lambda lo, hi: dq(src, out, lo, hi, T), n, min_blocks)
 
 
+def _decode_tensor(tid, src, out, min_blocks, T):
+    """The dequantize entry point's decode of a whole tensor: its blocks split over Numba's OpenMP threads
+    (PAR_DECODERS) where there is work for several, else one call on this thread. In a forked child (GNU
+    OpenMP's threads do not survive a fork) or on a pool thread, parallel_ranges as dequantize_into."""
+    n = src.shape[0]
+    th = _threads()
+    k = min(th, n // min_blocks) if th > 1 else 1
+    if k <= 1:
+        DECODERS[tid](src, out, 0, n, T)
+    elif os.getpid() != _PID or threading.current_thread().name.startswith(_PREFIX):
+        _decode(DECODERS[tid], src, out, min_blocks, T)
+    else:
+        PAR_DECODERS[tid](src, out, T, k)
+
+
 def dequantize_into(t, src: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Decode all blocks of src (n, type_size) uint8 into out (n, blck_size) f32 (both C-contiguous)."""
     tid = int(t)
@@ -695,11 +899,8 @@ def _wrapper(t):
     tr = traits(t)
     ref = DEQUANTIZERS[t]
     shape = (tr.type_size,)
-    if int(t) in (F32_T, F16_T, BF16_T):
-        into = functools.partial(dequantize_into, t)
-    else:                                      # straight to the decoder: this runs once per tensor
-        into = functools.partial(_decode, DECODERS[int(t)], min_blocks=max(1, PAR_MIN // tr.blck_size),
-                                 T=tables() if int(t) in _TABLED else ())
+    into = functools.partial(_decode_tensor, int(t), min_blocks=max(1, PAR_MIN // tr.blck_size),
+                             T=tables() if int(t) in _TABLED else ())
 
     def dequantize(blocks, out=None):
         blocks = np.ascontiguousarray(blocks, np.uint8)

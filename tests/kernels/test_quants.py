@@ -60,18 +60,72 @@ def test_vector_decoders_refuse_mismatched_arrays(name, ts, bs):
 
 
 @pytest.mark.parametrize("t", DECODE_TYPES, ids=lambda t: t.name)
-def test_dequantize_threaded_and_dispatched(t):
-    """A tensor large enough for several threads, through refimpl.dequantize under both backends."""
+def test_dequantize_threaded_and_dispatched(t, monkeypatch):
+    """A tensor large enough for several threads, through refimpl.dequantize under both backends: on one
+    thread, and split over 2 (and 3 where Numba has them: unequal ranges) by the type's prange driver."""
+    import numba
     tr = traits(t)
     n = (1 << 17) // tr.blck_size + 3
     raw = np.random.default_rng(int(t)).integers(0, 256, (n, tr.type_size), dtype=np.uint8)
     qt = refimpl.QTensor(t, raw.reshape(1, -1), (1, n * tr.blck_size))
     with refimpl.backend("numpy"):
         ref = refimpl.dequantize(qt)
-    with refimpl.backend("numba"):
-        assert kernel_for(DEQUANTIZERS[t]) is not None
-        got = refimpl.dequantize(qt)
-    assert_bits_equal(got, ref, f"dequantize {tr.name}")
+    driver, calls = kd.PAR_DECODERS[int(t)], []
+    monkeypatch.setitem(kd.PAR_DECODERS, int(t), lambda *a: calls.append(a[-1]) or driver(*a))
+    before = numba.get_num_threads()
+    try:
+        for th in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS), min(3, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(th)
+            with refimpl.backend("numba"):
+                assert kernel_for(DEQUANTIZERS[t]) is not None
+                got = refimpl.dequantize(qt)
+            assert_bits_equal(got, ref, f"dequantize {tr.name}, {th} threads")
+    finally:
+        numba.set_num_threads(before)
+    assert calls == list(range(2, min(3, numba.config.NUMBA_NUM_THREADS) + 1)), "the prange driver did not split"
+
+
+def test_dequantize_in_a_forked_child():
+    """GNU OpenMP's threads do not survive a fork: in a child of a process whose dequantize started them,
+    a tensor's decode takes the thread pool instead of the prange driver, finishes, and equals the parent's."""
+    import os
+    import pickle
+    import select
+    import numba
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 Numba threads (one CPU here): nothing is split")
+    t = refimpl.as_type("q4_K")
+    raw = np.random.default_rng(5).integers(0, 256, (1024, traits(t).type_size), dtype=np.uint8)
+    qt = refimpl.QTensor(t, raw.reshape(1, -1), (1, 1024 * 256))
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        with refimpl.backend("numba"):
+            parent = refimpl.dequantize(qt)                       # starts the OpenMP threads here
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                              # child
+            try:
+                os.close(r)
+                with refimpl.backend("numba"):
+                    got = refimpl.dequantize(qt)
+                with os.fdopen(w, "wb") as f:
+                    f.write(pickle.dumps(got))
+            finally:
+                os._exit(0)
+    finally:
+        numba.set_num_threads(before)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 120)
+    if not ready:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's dequantize did not finish in 120 s (OpenMP after fork)")
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    assert data, "the forked child died without a result"
+    assert_bits_equal(pickle.loads(data), parent, "dequantize in a forked child")
 
 
 @pytest.mark.parametrize("case", QUANT_CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
