@@ -20,6 +20,7 @@ anywhere: every f32 operation is one IEEE rounding, in the order written.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -278,6 +279,7 @@ def pairwise_sum_f64(x, lo, n):
 # -- threads ------------------------------------------------------------------------------------------------
 
 _POOL = None
+_POOL_PID = 0            # the process that started _POOL: a forked child starts its own (its threads are gone)
 _PREFIX = "refimpl-kernels"
 
 
@@ -304,7 +306,7 @@ def parallel_ranges(work, n: int, min_items: int) -> None:
     Kernels split their rows or blocks here rather than in a `prange`: Numba's parallel compilation
     optimises a function's whole body once more (tens of seconds for the block formats, per caller),
     for no gain on work items this coarse, and one pool serves every kernel."""
-    global _POOL
+    global _POOL, _POOL_PID
     k = min(n_threads(), max(1, n // max(1, min_items)))
     if k > 1 and threading.current_thread().name.startswith(_PREFIX):
         k = 1                            # already on a pool thread: waiting on the pool could deadlock
@@ -312,9 +314,10 @@ def parallel_ranges(work, n: int, min_items: int) -> None:
         if n:
             work(0, n)
         return
-    if _POOL is None or _POOL._max_workers < k - 1:
+    if _POOL is None or _POOL._max_workers < k - 1 or _POOL_PID != os.getpid():
         from concurrent.futures import ThreadPoolExecutor
         _POOL = ThreadPoolExecutor(max_workers=max(k - 1, n_threads() - 1), thread_name_prefix=_PREFIX)
+        _POOL_PID = os.getpid()
     bounds = [n * t // k for t in range(k + 1)]
     futs = [_POOL.submit(work, bounds[t], bounds[t + 1]) for t in range(1, k)]
     work(bounds[0], bounds[1])
