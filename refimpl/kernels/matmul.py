@@ -17,8 +17,8 @@ Fast numerics (section at the end): f32 sums -- fused `_fast_<type>` decode kern
 Q5_1 Q8_0 (vector IR from kernels/simd.py: 16-29 GFLOP/s per core against 3.5-5.4 for the f64 decode),
 BLAS sgemv for f32 weights of at least FAST_BLAS_MIN elements (RWKV's 768x768: 37 GFLOP/s against 9 for
 the f64 kernel), f32 BLAS tiles for
-prefill (f32 weights: MKL's sgemm where the `mkl` wheel is installed, kernels/mkl.py); other decode products
-run the exact kernels. Small f32 products (attention over the KV cache)
+prefill (MKL's sgemm where the `mkl` wheel is installed, kernels/mkl.py, with the tiles decoded by every
+thread; else NumPy's OpenBLAS); other decode products run the exact kernels. Small f32 products (attention over the KV cache)
 stay off BLAS: OpenBLAS's threads spin after a call and the decode kernels' OpenMP threads after a prange,
 and the two fight over the cores when interleaved (a prefill whose tile decoding used the prange drivers
 ran 10x slower, measured).
@@ -324,6 +324,31 @@ def _batched_f32(W, b4, na, nb, r2, r3) -> np.ndarray:
     return np.matmul(bv, wv).reshape(nb[3], nb[2], nb[1], na[1])
 
 
+def _batched_mkl(W, b4, na, nb, r2, r3) -> np.ndarray:
+    """_batched_f32 through MKL (kernels/mkl.py), one sgemm per weight batch: b's r3 x r2 batches that share
+    weight batch (i3, i2) as one (r3 * r2 * m, k) matrix where they are adjacent in memory, else one call
+    each; a weight batch whose rows are not unit-strided (the transposed V of attention) copied first."""
+    out = np.empty((nb[3], nb[2], nb[1], na[1]), np.float32)
+    m, k, n = nb[1], nb[0], na[1]
+    for i3 in range(na[3]):
+        for i2 in range(na[2]):
+            w = W[i3, i2]
+            if w.strides[1] != 4:
+                w = np.ascontiguousarray(w)
+            bs = b4[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]
+            o = out[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]
+            if r3 == 1 or (bs.flags.c_contiguous and o.flags.c_contiguous):
+                parts = [(bs.reshape(-1, k) if bs.flags.c_contiguous else None, o.reshape(-1, n))]
+                if parts[0][0] is None:
+                    parts = [(bs[0, j], o[0, j]) for j in range(r2)]
+            else:
+                parts = [(bs[j3, j2], o[j3, j2]) for j3 in range(r3) for j2 in range(r2)]
+            for x, y in parts:
+                if not mkl.sgemm_nt(x, w, y):
+                    np.matmul(x, w.T, out=y)
+    return out
+
+
 _F32 = np.dtype(np.float32)
 
 
@@ -453,7 +478,10 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     b4 = b.reshape(nb[::-1])
     r2, r3 = nb[2] // na[2], nb[3] // na[3]
     n, k = na[1], na[0]
+    use_mkl = fast and mkl.available()
     if fast and tid is None and na[2] * na[3] > 1 and r3 * r2 * nb[1] > DECODE_ROWS:
+        if use_mkl:
+            return _batched_mkl(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
         return _batched_f32(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
     out = np.empty((nb[3], nb[2], nb[1], n), np.float32)
     for i3 in range(na[3]):
@@ -490,13 +518,16 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
                     nbk = w.shape[1]                   # blocks per row
                     blocks = w2[lo * nbk:hi * nbk]
                     t32 = _tile(blocks.shape[0], k // nbk)
-                    if fast and tid in FAST:        # vector decode, this thread (see the section notes)
+                    if fast and use_mkl:            # every thread decodes, MKL multiplies (see below)
+                        quants.decode_tensor(tid, blocks, t32)
+                    elif fast and tid in FAST:      # vector decode, this thread (see the section notes)
                         quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())
                     else:
                         quants.dequantize_into(tid, blocks, t32)
-                if fast:                            # sgemm straight into the output (MKL's for f32 weights)
-                    if not (tid is None and bsx.flags.c_contiguous and o.flags.c_contiguous
-                            and mkl.sgemm_nt(bsx.reshape(-1, k), t32, o.reshape(-1, n)[:, lo:hi])):
+                if fast:                            # sgemm straight into the output (MKL's where installed)
+                    if not (use_mkl and bsx.flags.c_contiguous and o.flags.c_contiguous
+                            and mkl.sgemm_nt(bsx.reshape(-1, k), t32.reshape(hi - lo, k),
+                                             o.reshape(-1, n)[:, lo:hi])):
                         np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
                 else:
                     o[..., lo:hi] = bsx @ t32.reshape(hi - lo, k).astype(dt, copy=False).T
@@ -510,9 +541,14 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
 # into 32 f32 lane sums with one rounding, the lanes added pairwise at the end of the row; 16-29 GFLOP/s a
 # core against 3.5-8 for the same loop written in Numba, which LLVM left mostly scalar). Other weight types
 # run the exact kernels (f64 sums: within fast's bound too). Attention's decode products (`_attn_fast`):
-# one `simd.vdot_f32` per output, all heads in one call. Prefill: f32 tiles, one BLAS sgemm per tile; the
-# vector-decoded types decode their tile on the calling thread (3-5 Gelem/s: a second thread from the pool
-# only competed with OpenBLAS's spinning workers), the others in threads. Every output is within
+# one `simd.vdot_f32` per output, all heads in one call. Prefill: f32 tiles, one BLAS sgemm per tile. With
+# MKL (kernels/mkl.py) every prefill product -- weight tiles and attention's batched products -- runs on
+# Numba's threads: the tile decoded by the prange decoders, MKL's sgemm split by rows in a prange. Without
+# it, OpenBLAS: the vector-decoded types decode their tile on the calling thread (3-5 Gelem/s: a second
+# thread only competed with OpenBLAS's spinning workers), the others in threads. OpenBLAS's workers spin
+# ~0.1 s after its last call and took a core from the first decode steps after a prefill (SmolLM2, 2
+# threads: 25-110 ms a token instead of 12-13); with every prefill product on MKL they take their steady
+# time from the first. Every output is within
 # gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u / (1 - k u), u = 2^-24): the f32 products
 # and sums of one dot, in any order.
 

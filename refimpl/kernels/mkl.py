@@ -3,14 +3,19 @@
 numerics="fast" sums a product's f32 terms in whatever order its BLAS takes (the bound in kernels/matmul.py);
 on x86 MKL's sgemm runs the shapes of a BERT layer 5-15% faster than OpenBLAS's (MiniLM, 2 threads, measured
 side by side: 480x384x1152 375 against 346 GFLOP/s, 2016x384x1536 422 against 399), which is what
-sentence-transformers runs on through torch. So, when the `mkl` wheel is installed, the fast path's f32-weight
-GEMMs call MKL; nothing else does (exact numerics keeps its f64 products, numerics="ggml" its own orders).
+sentence-transformers runs on through torch; split over Numba's threads (below) it ran SmolLM2's prefill
+shapes at 270-290 GFLOP/s against OpenBLAS's 210-245. So, when the `mkl` wheel is installed, the fast path's
+prefill products call MKL -- f32 weights, the decoded tiles of block weights, attention's batched products --;
+nothing else does (exact numerics keeps its f64 products, numerics="ggml" its own orders).
 
 MKL runs sequential in this process (MKL_Set_Threading_Layer(SEQUENTIAL), before its first call: no OpenMP
-or TBB runtime loads, no workers spin between calls); a product's rows are split over refimpl's kernel threads
-(`parallel_ranges`, n_threads()), each range one cblas_sgemm call, which ctypes makes without the GIL. A row's
-result does not depend on the split: MKL computes each output from its own row and the whole weight, and the
-tests check that a product equals its unsplit self bit for bit.
+or TBB runtime loads, no workers spin between calls); a product's rows are split over refimpl's kernel threads,
+each range (>= MIN_ROWS rows) one cblas_sgemm call. The split runs in a Numba `prange` (`_par_rows`, calling
+MKL through its address, `_call_sgemm`): Numba's OpenMP threads start a range in ~5 us where the Python pool
+of parallel_ranges takes 65-100 us, as long as a SmolLM2 prefill product; in a forked child (GNU OpenMP's
+threads do not survive a fork) or on a pool thread it is parallel_ranges, ctypes calls without the GIL. A
+row's result does not depend on the split (ranges of at least MIN_ROWS rows: MKL takes other kernels for
+fewer, whose bits differ), and the tests check that a product equals its unsplit self bit for bit.
 
     available()              whether MKL is loaded and used (False without the wheel, off x86-64, or with
                              REFIMPL_MKL=0 in the environment)
@@ -24,6 +29,9 @@ import os
 import threading
 
 import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _THREADING_SEQUENTIAL, _INTERFACE_LP64 = 1, 0
@@ -32,6 +40,7 @@ MIN_ROWS = 32            # rows per thread at least: below that one call on this
 _lock = threading.Lock()
 _sgemm = None            # the cblas_sgemm ctypes function once loaded; False when MKL is not used
 _path = None             # the library it came from
+_addr = 0                # cblas_sgemm's address, for _call_sgemm
 
 
 def _find() -> str | None:
@@ -76,6 +85,8 @@ def _load():
         f.argtypes = [i, i, i, i, i, i, ctypes.c_float, p, i, p, i, ctypes.c_float, p, i]
         f.restype = None
         _sgemm, _path = f, path
+        global _addr
+        _addr = ctypes.cast(f, ctypes.c_void_p).value
         return _sgemm
 
 
@@ -92,6 +103,42 @@ def _fits(a: np.ndarray) -> bool:
     return (type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2 and a.shape[0] > 0 and a.shape[1] > 0
             and a.strides[1] == 4 and a.strides[0] % 4 == 0 and a.strides[0] >= 4 * a.shape[1]
             and a.strides[0] // 4 < 2 ** 31)
+
+
+@intrinsic
+def _call_sgemm(typingctx, fp, m, n, k, a, lda, b, ldb, c, ldc):
+    """cblas_sgemm(RowMajor, NoTrans, Trans, m, n, k, 1, a, lda, b, ldb, 0, c, ldc) through its address fp
+    (an int: the function is a run-time argument, so a caller compiled with it caches on disk); a, b, c
+    addresses, the rest ints, each < 2**31 (the caller checks)."""
+    args = (fp, m, n, k, a, lda, b, ldb, c, ldc)
+    if not all(isinstance(t, types.Integer) for t in args):
+        return None
+
+    def codegen(context, builder, sig, vals):
+        i32, f32, i8p = ir.IntType(32), ir.FloatType(), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i32] * 6 + [f32, i8p, i32, i8p, i32, f32, i8p, i32])
+        v = [context.cast(builder, x, t, types.int64) for x, t in zip(vals, sig.args)]
+        fn = builder.inttoptr(v[0], fnty.as_pointer())
+        c32 = lambda x: ir.Constant(i32, x)                                   # noqa: E731
+        n32 = lambda x: builder.trunc(x, i32)                                 # noqa: E731
+        ptr = lambda x: builder.inttoptr(x, i8p)                              # noqa: E731
+        builder.call(fn, [c32(_ROW_MAJOR), c32(_NO_TRANS), c32(_TRANS), n32(v[1]), n32(v[2]), n32(v[3]),
+                          ir.Constant(f32, 1.0), ptr(v[4]), n32(v[5]), ptr(v[6]), n32(v[7]),
+                          ir.Constant(f32, 0.0), ptr(v[8]), n32(v[9])])
+        return context.get_dummy_value()
+    return types.void(*args), codegen
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_rows(fp, xp, lda, wp, ldb, op, ldc, m, n, k, nchunk):
+    """out = x @ w.T with x's rows split into nchunk ranges, one sgemm each on Numba's threads."""
+    for c in prange(nchunk):
+        lo = m * c // nchunk
+        hi = m * (c + 1) // nchunk
+        _call_sgemm(fp, hi - lo, n, k, xp + 4 * lda * lo, lda, wp, ldb, op + 4 * ldc * lo, ldc)
+
+
+_PID = os.getpid()
 
 
 def sgemm_nt(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> bool:
@@ -114,6 +161,12 @@ def sgemm_nt(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> bool:
         f(_ROW_MAJOR, _NO_TRANS, _TRANS, hi - lo, n, k, 1.0, xp + 4 * lda * lo, lda, wp, ldb, 0.0,
           op + 4 * ldc * lo, ldc)
 
-    from ._common import parallel_ranges
-    parallel_ranges(rows, m, MIN_ROWS)
+    from ._common import _PREFIX, n_threads, parallel_ranges
+    nchunk = min(n_threads(), m // MIN_ROWS)
+    if nchunk <= 1:
+        rows(0, m)
+    elif os.getpid() != _PID or threading.current_thread().name.startswith(_PREFIX):
+        parallel_ranges(rows, m, MIN_ROWS)
+    else:
+        _par_rows(_addr, xp, lda, wp, ldb, op, ldc, m, n, k, nchunk)
     return True

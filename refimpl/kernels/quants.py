@@ -881,6 +881,14 @@ def _decode_tensor(tid, src, out, min_blocks, T):
         PAR_DECODERS[tid](src, out, T, k)
 
 
+def decode_tensor(t, src: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """dequantize_into through the prange drivers (`_decode_tensor`): for callers whose next step runs on
+    Numba's threads too (mul_mat's tiles for MKL), not on OpenBLAS's."""
+    tid = int(t)
+    _decode_tensor(tid, src, out, max(1, PAR_MIN // traits(t).blck_size), tables() if tid in _TABLED else ())
+    return out
+
+
 def dequantize_into(t, src: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Decode all blocks of src (n, type_size) uint8 into out (n, blck_size) f32 (both C-contiguous)."""
     tid = int(t)

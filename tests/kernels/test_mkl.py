@@ -94,3 +94,100 @@ def test_fast_mul_mat_sends_f32_weight_products_to_mkl(monkeypatch):
     assert calls == [(140, 320)]
     s = np.abs(b).astype(np.float64) @ np.abs(w).astype(np.float64).T
     assert_within_fast_bound(fast, exact.astype(np.float64), s, 320, "mul_mat fast through MKL")
+
+
+def _fast_and_exact(a, b):
+    with refimpl.backend("numba"):
+        return refimpl.mul_mat(a, b, numerics="fast"), refimpl.mul_mat(a, b, numerics="exact")
+
+
+@pytest.mark.parametrize("t", ["q4_1", "q8_0", "q4_K", "f16"])
+def test_fast_prefill_of_block_weights_goes_to_mkl_on_any_thread_count(t, monkeypatch):
+    """Quantized (and f16) weights in a fast prefill: the tile decoded by the prange decoders, the product by
+    MKL -- so no OpenBLAS thread is left spinning for the decode steps that follow -- within the fast bound
+    of exact mode, and the same bits on 1 and 2 threads (decoding is exact; MKL's row ranges keep >= 32)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((160, 512)).astype(np.float32)
+    a = w.astype(np.float16) if t == "f16" else refimpl.quantize(w, t)
+    b = rng.standard_normal((130, 512)).astype(np.float32)
+    calls = []
+    orig = mkl.sgemm_nt
+    monkeypatch.setattr(mkl, "sgemm_nt", lambda *x: calls.append(x[1].shape) or orig(*x))
+    before = numba.get_num_threads()
+    outs = []
+    try:
+        for th in (1, max(2, before)):
+            numba.set_num_threads(th)
+            fast, exact = _fast_and_exact(a, b)
+            outs.append(fast)
+    finally:
+        numba.set_num_threads(before)
+    assert calls and all(s == (160, 512) for s in calls), calls
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), "threads changed the bits"
+    wd = refimpl.dequantize(a) if t != "f16" else a.astype(np.float32)
+    s = np.abs(b).astype(np.float64) @ np.abs(wd).astype(np.float64).T
+    assert_within_fast_bound(outs[1], exact.astype(np.float64), s, 512, f"fast prefill {t} through MKL")
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_fast_batched_products_go_to_mkl(view, monkeypatch):
+    """Attention's batched f32 products (ggml's broadcast: weight batch (i3, i2) serves r3 x r2 batches of b),
+    the weight also a view whose rows lie apart (a KV cache's first columns): through MKL, within the fast
+    bound."""
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal((2, 3, 40, 64 if view else 48)).astype(np.float32)
+    a = base[..., :48]                                                                       # (2, 3, 40, 48)
+    b = rng.standard_normal((4, 12, 70, 48)).astype(np.float32)                             # r3 = 2, r2 = 4
+    calls = []
+    orig = mkl.sgemm_nt
+    monkeypatch.setattr(mkl, "sgemm_nt", lambda *x: calls.append(x[0].shape) or orig(*x))
+    fast, exact = _fast_and_exact(a, b)
+    assert calls, "MKL was not called"
+    ar = np.repeat(np.repeat(np.abs(a).astype(np.float64), 2, axis=0), 4, axis=1)
+    s = np.abs(b).astype(np.float64) @ np.swapaxes(ar, -1, -2)
+    assert fast.shape == exact.shape == (4, 12, 70, 40)
+    assert_within_fast_bound(fast, exact.astype(np.float64), s, 48, "batched mul_mat through MKL")
+
+
+def test_sgemm_nt_in_a_forked_child():
+    """GNU OpenMP's threads do not survive a fork, nor do the thread pool's: in a child of a process whose
+    sgemm_nt started them, a split product takes a new thread pool instead of the prange driver, finishes,
+    and equals the parent's."""
+    import pickle
+    import select
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 Numba threads (one CPU here): nothing is split")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((256, 300)).astype(np.float32)
+    w = rng.standard_normal((90, 300)).astype(np.float32)
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        from refimpl.kernels._common import parallel_ranges
+        parallel_ranges(lambda lo, hi: None, 4, 1)                   # the thread pool exists before the fork
+        parent = np.empty((256, 90), np.float32)
+        assert mkl.sgemm_nt(x, w, parent)                            # starts the OpenMP threads here
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                                 # child
+            try:
+                os.close(r)
+                got = np.empty((256, 90), np.float32)
+                mkl.sgemm_nt(x, w, got)
+                with os.fdopen(wfd, "wb") as f:
+                    f.write(pickle.dumps(got))
+            finally:
+                os._exit(0)
+    finally:
+        numba.set_num_threads(before)
+    os.close(wfd)
+    ready, _, _ = select.select([r], [], [], 120)
+    if not ready:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's sgemm_nt did not finish in 120 s (OpenMP after fork)")
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    assert data, "the forked child died without a result"
+    assert np.array_equal(pickle.loads(data).view(np.uint32), parent.view(np.uint32))

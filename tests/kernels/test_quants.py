@@ -86,8 +86,9 @@ def test_dequantize_threaded_and_dispatched(t, monkeypatch):
 
 
 def test_dequantize_in_a_forked_child():
-    """GNU OpenMP's threads do not survive a fork: in a child of a process whose dequantize started them,
-    a tensor's decode takes the thread pool instead of the prange driver, finishes, and equals the parent's."""
+    """GNU OpenMP's threads do not survive a fork, nor do the thread pool's: in a child of a process whose
+    dequantize started them, a tensor's decode takes a new thread pool instead of the prange driver,
+    finishes, and equals the parent's."""
     import os
     import pickle
     import select
@@ -100,6 +101,8 @@ def test_dequantize_in_a_forked_child():
     before = numba.get_num_threads()
     numba.set_num_threads(2)
     try:
+        from refimpl.kernels._common import parallel_ranges
+        parallel_ranges(lambda lo, hi: None, 4, 1)                # the thread pool exists before the fork
         with refimpl.backend("numba"):
             parent = refimpl.dequantize(qt)                       # starts the OpenMP threads here
         r, w = os.pipe()
