@@ -344,7 +344,7 @@ def _batched_mkl(W, b4, na, nb, r2, r3) -> np.ndarray:
             else:
                 parts = [(bs[j3, j2], o[j3, j2]) for j3 in range(r3) for j2 in range(r2)]
             for x, y in parts:
-                if not mkl.sgemm_nt(x, w, y):
+                if not mkl.sgemm_nt(x, w, y, omp=True):
                     np.matmul(x, w.T, out=y)
     return out
 
@@ -527,7 +527,7 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
                 if fast:                            # sgemm straight into the output (MKL's where installed)
                     if not (use_mkl and bsx.flags.c_contiguous and o.flags.c_contiguous
                             and mkl.sgemm_nt(bsx.reshape(-1, k), t32.reshape(hi - lo, k),
-                                             o.reshape(-1, n)[:, lo:hi])):
+                                             o.reshape(-1, n)[:, lo:hi], omp=tid is not None)):
                         np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
                 else:
                     o[..., lo:hi] = bsx @ t32.reshape(hi - lo, k).astype(dt, copy=False).T
@@ -543,7 +543,9 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
 # run the exact kernels (f64 sums: within fast's bound too). Attention's decode products (`_attn_fast`):
 # one `simd.vdot_f32` per output, all heads in one call. Prefill: f32 tiles, one BLAS sgemm per tile. With
 # MKL (kernels/mkl.py) every prefill product -- weight tiles and attention's batched products -- runs on
-# Numba's threads: the tile decoded by the prange decoders, MKL's sgemm split by rows in a prange. Without
+# refimpl's threads: a block weight's tile decoded by the prange decoders and MKL's sgemm split by rows in a
+# prange too (one thread team for the decoder-style models), f32 weights (BERT, whose other kernels run on
+# the thread pool) on the pool. Without
 # it, OpenBLAS: the vector-decoded types decode their tile on the calling thread (3-5 Gelem/s: a second
 # thread only competed with OpenBLAS's spinning workers), the others in threads. OpenBLAS's workers spin
 # ~0.1 s after its last call and took a core from the first decode steps after a prefill (SmolLM2, 2

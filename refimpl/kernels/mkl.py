@@ -10,12 +10,17 @@ nothing else does (exact numerics keeps its f64 products, numerics="ggml" its ow
 
 MKL runs sequential in this process (MKL_Set_Threading_Layer(SEQUENTIAL), before its first call: no OpenMP
 or TBB runtime loads, no workers spin between calls); a product's rows are split over refimpl's kernel threads,
-each range (>= MIN_ROWS rows) one cblas_sgemm call. The split runs in a Numba `prange` (`_par_rows`, calling
-MKL through its address, `_call_sgemm`): Numba's OpenMP threads start a range in ~5 us where the Python pool
-of parallel_ranges takes 65-100 us, as long as a SmolLM2 prefill product; in a forked child (GNU OpenMP's
-threads do not survive a fork) or on a pool thread it is parallel_ranges, ctypes calls without the GIL. A
-row's result does not depend on the split (ranges of at least MIN_ROWS rows: MKL takes other kernels for
-fewer, whose bits differ), and the tests check that a product equals its unsplit self bit for bit.
+each range (>= MIN_ROWS rows) one cblas_sgemm call: on the thread pool of parallel_ranges (ctypes calls
+without the GIL), or with omp=True in a Numba `prange` (`_par_rows`, calling MKL through its address,
+`_call_sgemm`). Numba's OpenMP threads start a range in ~5 us where the pool takes 65-100 us, as long as a
+SmolLM2 prefill product; but after a prange GNU OpenMP's workers spin for milliseconds, and where the next
+kernel runs on the pool they take its core (MiniLM's long batch: 221 ms a batch with the sgemms in a prange
+against 188 on the pool, whose attention and norms use the pool). So the caller says which threads the
+work around the product runs on: mul_mat's decoded tiles and attention batches (decoded by the prange
+decoders) take omp=True, f32 weights the pool. In a forked child (GNU OpenMP's threads do not survive a
+fork) or on a pool thread, omp is ignored. A row's result does not depend on the split (ranges of at least
+MIN_ROWS rows: MKL takes other kernels for fewer, whose bits differ), and the tests check that a product
+equals its unsplit self bit for bit, both ways.
 
     available()              whether MKL is loaded and used (False without the wheel, off x86-64, or with
                              REFIMPL_MKL=0 in the environment)
@@ -141,10 +146,11 @@ def _par_rows(fp, xp, lda, wp, ldb, op, ldc, m, n, k, nchunk):
 _PID = os.getpid()
 
 
-def sgemm_nt(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> bool:
+def sgemm_nt(x: np.ndarray, w: np.ndarray, out: np.ndarray, omp: bool = False) -> bool:
     """out[...] = x @ w.T through MKL: x (m, k), w (n, k), out (m, n) f32, each with unit inner stride and rows
     any distance apart (views of larger matrices too); out must not overlap x or w. Returns True when done,
-    False (out untouched) when MKL is not used or the operands do not fit."""
+    False (out untouched) when MKL is not used or the operands do not fit. omp: split the rows over Numba's
+    OpenMP threads instead of the thread pool (see above)."""
     f = _load()
     if not f or not (_fits(x) and _fits(w) and _fits(out)):
         return False
@@ -165,7 +171,7 @@ def sgemm_nt(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> bool:
     nchunk = min(n_threads(), m // MIN_ROWS)
     if nchunk <= 1:
         rows(0, m)
-    elif os.getpid() != _PID or threading.current_thread().name.startswith(_PREFIX):
+    elif not omp or os.getpid() != _PID or threading.current_thread().name.startswith(_PREFIX):
         parallel_ranges(rows, m, MIN_ROWS)
     else:
         _par_rows(_addr, xp, lda, wp, ldb, op, ldc, m, n, k, nchunk)

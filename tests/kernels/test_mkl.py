@@ -52,9 +52,12 @@ def test_sgemm_nt_is_an_f32_product_and_splits_without_changing_bits(m, n, k, pa
         assert mkl.sgemm_nt(x, w, one)
         numba.set_num_threads(max(2, before))
         assert mkl.sgemm_nt(x, w, out)
+        out2 = np.empty((m, n), np.float32)
+        assert mkl.sgemm_nt(x, w, out2, omp=True)                 # the same split in a prange
     finally:
         numba.set_num_threads(before)
     assert np.array_equal(out.view(np.uint32), one.view(np.uint32)), "the split changed a result"
+    assert np.array_equal(out2.view(np.uint32), one.view(np.uint32)), "the prange split changed a result"
     assert (big[:, :pad] == 7.0).all() and (big[:, pad + n:] == 7.0).all(), "wrote outside the view"
     _bound_check(out, x, w, f"sgemm_nt {m}x{k} @ ({n}x{k}).T")
 
@@ -87,11 +90,12 @@ def test_fast_mul_mat_sends_f32_weight_products_to_mkl(monkeypatch):
     b = rng.standard_normal((2, 70, 320), dtype=np.float32)           # more rows than a decode step
     calls = []
     orig = mkl.sgemm_nt
-    monkeypatch.setattr(mkl, "sgemm_nt", lambda *a: calls.append(a[0].shape) or orig(*a))
+    monkeypatch.setattr(mkl, "sgemm_nt", lambda *a, **kw: calls.append((a[0].shape, kw.get("omp", False)))
+                        or orig(*a, **kw))
     with refimpl.backend("numba"):
         fast = refimpl.mul_mat(w, b, numerics="fast")
         exact = refimpl.mul_mat(w, b, numerics="exact")
-    assert calls == [(140, 320)]
+    assert calls == [((140, 320), False)]                     # f32 weights: on the thread pool
     s = np.abs(b).astype(np.float64) @ np.abs(w).astype(np.float64).T
     assert_within_fast_bound(fast, exact.astype(np.float64), s, 320, "mul_mat fast through MKL")
 
@@ -112,7 +116,7 @@ def test_fast_prefill_of_block_weights_goes_to_mkl_on_any_thread_count(t, monkey
     b = rng.standard_normal((130, 512)).astype(np.float32)
     calls = []
     orig = mkl.sgemm_nt
-    monkeypatch.setattr(mkl, "sgemm_nt", lambda *x: calls.append(x[1].shape) or orig(*x))
+    monkeypatch.setattr(mkl, "sgemm_nt", lambda *x, **kw: calls.append((x[1].shape, kw.get("omp"))) or orig(*x, **kw))
     before = numba.get_num_threads()
     outs = []
     try:
@@ -122,7 +126,7 @@ def test_fast_prefill_of_block_weights_goes_to_mkl_on_any_thread_count(t, monkey
             outs.append(fast)
     finally:
         numba.set_num_threads(before)
-    assert calls and all(s == (160, 512) for s in calls), calls
+    assert calls and all(c == ((160, 512), True) for c in calls), calls      # on Numba's threads, as the decode
     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), "threads changed the bits"
     wd = refimpl.dequantize(a) if t != "f16" else a.astype(np.float32)
     s = np.abs(b).astype(np.float64) @ np.abs(wd).astype(np.float64).T
@@ -140,7 +144,7 @@ def test_fast_batched_products_go_to_mkl(view, monkeypatch):
     b = rng.standard_normal((4, 12, 70, 48)).astype(np.float32)                             # r3 = 2, r2 = 4
     calls = []
     orig = mkl.sgemm_nt
-    monkeypatch.setattr(mkl, "sgemm_nt", lambda *x: calls.append(x[0].shape) or orig(*x))
+    monkeypatch.setattr(mkl, "sgemm_nt", lambda *x, **kw: calls.append(x[0].shape) or orig(*x, **kw))
     fast, exact = _fast_and_exact(a, b)
     assert calls, "MKL was not called"
     ar = np.repeat(np.repeat(np.abs(a).astype(np.float64), 2, axis=0), 4, axis=1)
@@ -166,14 +170,14 @@ def test_sgemm_nt_in_a_forked_child():
         from refimpl.kernels._common import parallel_ranges
         parallel_ranges(lambda lo, hi: None, 4, 1)                   # the thread pool exists before the fork
         parent = np.empty((256, 90), np.float32)
-        assert mkl.sgemm_nt(x, w, parent)                            # starts the OpenMP threads here
+        assert mkl.sgemm_nt(x, w, parent, omp=True)                  # starts the OpenMP threads here
         r, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:                                                 # child
             try:
                 os.close(r)
                 got = np.empty((256, 90), np.float32)
-                mkl.sgemm_nt(x, w, got)
+                mkl.sgemm_nt(x, w, got, omp=True)
                 with os.fdopen(wfd, "wb") as f:
                     f.write(pickle.dumps(got))
             finally:
