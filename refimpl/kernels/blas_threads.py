@@ -16,7 +16,8 @@ threads that wait on a queue, asleep, between calls. The partition, hence every 
 The hand-off costs ~0.1 ms a call, which OpenBLAS's spinning workers do not: it pays where GEMMs of a few ms
 alternate with multi-threaded kernels (refimpl.models.bert's layers: MiniLM's 2,016-token batch 281-310 ms
 against 341-400), not for runs of small GEMMs (SmolLM2's 128-token prefill, whose attention calls sgemm per
-head: 366 ms shared against 288), and never mixed within one workload: a worker left spinning by an unshared
+head: 366 ms shared against 288; there shared(omp=True) runs the jobs in a Numba prange instead, ~5-10 us a
+call, see below), and never mixed within one workload: a worker left spinning by an unshared
 call competes with the jobs of the next shared one (MiniLM's short batch shared above 2^28 multiply-adds
 only: 131-186 ms, against 75-80 all shared). So a model opts in for its whole forward.
 
@@ -144,6 +145,39 @@ def _run_jobs(sync, dojob, numjobs, elsize, jobdata, dojob_data):
 _callback = _CALLBACK(_run_jobs)
 
 
+# -- the jobs on Numba's threads --------------------------------------------------------------------------
+# The pool's hand-off (~0.1 ms a call) is what shared() costs a run of small GEMMs (SmolLM2's prefill). With
+# shared(omp=True) a call's jobs run in a Numba `prange` instead, one job per iteration on Numba's OpenMP
+# threads (~5-10 us to start them, the callback's GIL included), which then serve the decode kernels' prange
+# drivers too: one team for the whole model, no OpenBLAS worker spinning beside it. Only where every job
+# gets a thread of its own at once (numjobs <= Numba's threads: a level-3 call's jobs wait for each other;
+# not in a forked child, whose OpenMP threads are gone, nor on a pool thread); else the pool as above.
+
+_omp = 0                # how many shared(omp=True) are active
+omp_calls = 0           # threaded calls whose jobs ran in the prange (a count for the tests)
+_PID = os.getpid()
+
+
+def _run_jobs_omp(sync, dojob, numjobs, elsize, jobdata, dojob_data):
+    """_run_jobs with the jobs in a prange where shared(omp=True) is active and every job gets its own thread."""
+    if _omp and os.getpid() == _PID and not threading.current_thread().name.startswith(("refimpl-", "Dummy")):
+        from ._blas_jobs import par_jobs          # Numba, imported on first use
+        from ._common import n_threads
+        if 1 < numjobs <= n_threads():
+            with _one_call:
+                slot = _servers.value if _servers is not None else 0
+                if not 0 <= slot <= _max_threads - numjobs:
+                    slot = 0
+                par_jobs(dojob, slot, jobdata, elsize, dojob_data, numjobs)
+                global omp_calls
+                omp_calls += 1
+            return
+    _run_jobs(sync, dojob, numjobs, elsize, jobdata, dojob_data)
+
+
+_callback = _CALLBACK(_run_jobs_omp)
+
+
 def available() -> bool:
     """Whether NumPy's BLAS takes a threads callback (and REFIMPL_BLAS_THREADS does not say openblas)."""
     global _setter, _count, _servers, _max_threads, _lib, _affix
@@ -158,15 +192,17 @@ def openblas_threads() -> int | None:
 
 
 @contextlib.contextmanager
-def shared():
+def shared(omp: bool = False):
     """While active (in any thread), OpenBLAS's threaded calls run their jobs here: job 0 on the calling
-    thread, the others on a pool of sleeping threads. A no-op without `available()`."""
-    global _active
+    thread, the others on a pool of sleeping threads; with omp=True all of them on Numba's threads (see
+    above: for workloads whose own kernels run there). A no-op without `available()`."""
+    global _active, _omp
     if not available():
         yield
         return
     with _lock:
         _active += 1
+        _omp += bool(omp)
         if _active == 1:
             _setter(ctypes.cast(_callback, ctypes.c_void_p))
     try:
@@ -174,14 +210,20 @@ def shared():
     finally:
         with _lock:
             _active -= 1
+            _omp -= bool(omp)
             if _active == 0:
                 _setter(None)
 
 
+def active_omp() -> bool:
+    """Whether a shared(omp=True) is active: the caller's BLAS jobs run on Numba's threads."""
+    return _omp > 0
+
+
 def _after_fork_in_child() -> None:
     """A forked child has neither the pool's threads nor the parent's callers: OpenBLAS's own threads again."""
-    global _active, _pool
-    _active, _pool = 0, None
+    global _active, _pool, _omp
+    _active, _pool, _omp = 0, None, 0
     if _setter:
         _setter(None)
 

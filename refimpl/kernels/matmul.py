@@ -39,7 +39,7 @@ from ..ops._core import current_numerics, register
 from ..ops._shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
-from . import mkl, quants, simd
+from . import blas_threads, mkl, quants, simd
 from ._common import _PREFIX, n_threads, parallel_ranges
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
@@ -479,6 +479,7 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     r2, r3 = nb[2] // na[2], nb[3] // na[3]
     n, k = na[1], na[0]
     use_mkl = fast and mkl.available()
+    omp_team = use_mkl or blas_threads.active_omp()       # the products run on Numba's threads
     if fast and tid is None and na[2] * na[3] > 1 and r3 * r2 * nb[1] > DECODE_ROWS:
         if use_mkl:
             return _batched_mkl(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
@@ -518,7 +519,7 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
                     nbk = w.shape[1]                   # blocks per row
                     blocks = w2[lo * nbk:hi * nbk]
                     t32 = _tile(blocks.shape[0], k // nbk)
-                    if fast and use_mkl:            # every thread decodes, MKL multiplies (see below)
+                    if omp_team:                    # the prange decoders (see the section notes)
                         quants.decode_tensor(tid, blocks, t32)
                     elif fast and tid in FAST:      # vector decode, this thread (see the section notes)
                         quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())

@@ -21,6 +21,7 @@ below (`on_device` ... `permuted`) keep the NumPy code path exactly as it is; be
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -524,6 +525,17 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     return out
 
 
+def _blas_threads(n_tokens: int):
+    """On the Numba backend, a prefill's BLAS calls run OpenBLAS's jobs on Numba's threads (kernels.blas_threads,
+    shared(omp=True)), the threads of the decode kernels: OpenBLAS's own workers spin ~0.1 s after a call and
+    took a core from the first decode steps after a prefill (SmolLM2, 2 threads: 30-110 ms a token instead of
+    12-19). Decode steps make no BLAS calls (one token: the fused kernels)."""
+    if current_backend() != "numba" or n_tokens <= 8:
+        return contextlib.nullcontext()
+    from ..kernels import blas_threads
+    return blas_threads.shared(omp=True)
+
+
 def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_only: bool = False) -> np.ndarray:
     """Run `tokens` (any number) after the cache's n_past tokens; returns logits (n_tokens, n_vocab) f32
     (only the last row with last_only=True) and advances the cache. Under the CUDA backend the logits are
@@ -542,8 +554,9 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
     positions = np.arange(pos, pos + T, dtype=np.int32)
     if gpu_mode():                            # uploaded once per forward, not once per layer
         mask, positions = to_device(mask), to_device(positions)
-    for il, w in enumerate(model.layers):
-        x = layer(x, w, hp, cache, il, pos, mask, cap, positions)
+    with _blas_threads(T):
+        for il, w in enumerate(model.layers):
+            x = layer(x, w, hp, cache, il, pos, mask, cap, positions)
     cache.n_past = pos + T
     if last_only:
         x = x[-1:]

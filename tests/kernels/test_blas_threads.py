@@ -38,17 +38,39 @@ def _operands(seed, n=384, dtype=np.float32):
     return rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, 2 * n)).astype(dtype)
 
 
+def _numba_threads():
+    """Numba's threads, or skip: shared(omp=True) runs the jobs in a prange only where each gets a thread."""
+    numba = pytest.importorskip("numba", reason="numba is not installed: shared(omp=True) runs in its prange")
+    if numba.config.NUMBA_NUM_THREADS < bt.openblas_threads():
+        pytest.skip("fewer Numba threads than OpenBLAS splits a call into: the jobs take the pool")
+    return numba
+
+
+@pytest.mark.parametrize("omp", [False, True], ids=["pool", "omp"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_jobs_run_here_with_openblas_bits(dtype):
+def test_jobs_run_here_with_openblas_bits(dtype, omp):
+    if omp:
+        numba = _numba_threads()
+        before = numba.get_num_threads()
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     a, b = _operands(0, dtype=dtype)
     ref = a @ b                                         # OpenBLAS's own threads
     bt._jobs.clear()
-    with bt.shared():
-        got = a @ b
-        got_t = np.matmul(b.T, a.T)
-    assert bt._jobs, "OpenBLAS did not hand the threaded call's jobs to the callback"
+    calls = bt.omp_calls
+    try:
+        with bt.shared(omp=omp):
+            got = a @ b
+            got_t = np.matmul(b.T, a.T)
+    finally:
+        if omp:
+            numba.set_num_threads(before)
+    if omp:
+        assert bt.omp_calls == calls + 2 and not bt._jobs, "the jobs did not run in the prange"
+    else:
+        assert bt._jobs, "OpenBLAS did not hand the threaded call's jobs to the callback"
     assert np.array_equal(got, ref)
     assert np.array_equal(got_t, b.T @ a.T)
+    assert not bt.active_omp()
 
 
 def test_callback_is_removed_when_the_last_scope_exits():
@@ -64,11 +86,14 @@ def test_callback_is_removed_when_the_last_scope_exits():
     assert not bt._jobs and bt._active == 0
 
 
-def test_concurrent_callers_get_their_own_results():
+@pytest.mark.parametrize("omp", [False, True], ids=["pool", "omp"])
+def test_concurrent_callers_get_their_own_results(omp):
     """Four threads in shared() at once, GEMMs and threaded GEMVs: each call's jobs must all run concurrently (a
     level-3 call's jobs wait for each other) and must not share OpenBLAS's per-thread buffers with another
     call's jobs, so a pool too small would hang and calls run side by side could mix their work (the pool is
     grown first, so that they could)."""
+    if omp:
+        _numba_threads()
     bt._pool_for(4)
     cases = [_operands(10 + i) for i in range(4)]
     refs = [a @ b for a, b in cases]
@@ -79,7 +104,7 @@ def test_concurrent_callers_get_their_own_results():
 
     def work(i):
         try:
-            with bt.shared():
+            with bt.shared(omp=omp and i % 2 == 0):      # omp: half the callers, pool scopes beside them
                 for _ in range(5):
                     a, b = cases[i]
                     results[i] = a @ b
@@ -117,3 +142,35 @@ def test_bert_layers_run_in_a_shared_scope(tmp_path):
         assert len(layers) == 3 * model.hparams.n_layer and set(layers.values()) == {inside}, (backend, layers)
         assert active["inp_embd"] == 0 and active["result_embd"] == 0, backend
     assert bt._active == 0
+
+
+def test_llama_prefill_runs_its_blas_jobs_on_numba_threads(tmp_path, monkeypatch):
+    """refimpl.models.llama opts a prefill (more than 8 tokens) into shared(omp=True) on the Numba backend --
+    its BLAS jobs on the threads of the decode kernels, so that no OpenBLAS worker spins beside the decode
+    steps after it -- and not a decode step, nor the NumPy backend; the logits are the same bits either way
+    (OpenBLAS's own partition)."""
+    pytest.importorskip("numba", reason="numba is not installed: the Numba backend")
+    import refimpl
+    from refimpl.models import llama
+    from tests.models.tiny import write_tiny_llama
+    model = llama.load(write_tiny_llama(tmp_path / "tiny.gguf", n_embd=256, n_ff=512))
+    ids = list(range(3, 40))
+    seen = {}
+    for backend in ("numba", "numpy"):
+        with refimpl.backend(backend):
+            cache = llama.new_cache(model, 64)
+            seen[backend] = []
+            llama.forward(model, ids, cache, capture=lambda n, x: seen[backend].append(bt.active_omp()))
+            seen[backend, "decode"] = []
+            llama.forward(model, [5], cache, capture=lambda n, x: seen[backend, "decode"].append(bt.active_omp()))
+    assert any(seen["numba"]) and not any(seen["numba", "decode"]), "prefill in the scope, decode outside it"
+    assert not any(seen["numpy"]) and not bt.active_omp()
+    with refimpl.backend("numba"):
+        calls = bt.omp_calls
+        logits = llama.forward(model, ids, llama.new_cache(model, 64))
+        if bt.openblas_threads() > 1 and bt.openblas_threads() <= refimpl.kernels._common.n_threads():
+            assert bt.omp_calls > calls, "no threaded BLAS call of the prefill ran in the prange"
+        import contextlib
+        monkeypatch.setattr(llama, "_blas_threads", lambda n: contextlib.nullcontext())
+        own = llama.forward(model, ids, llama.new_cache(model, 64))     # OpenBLAS's own workers
+    assert np.array_equal(logits, own)
