@@ -16,12 +16,11 @@ Versions (exact and fast numerics; numerics="ggml" and every case below not cove
 Fast numerics (section at the end): f32 sums -- fused `_fast_<type>` decode kernels for Q4_0 Q4_1 Q5_0
 Q5_1 Q8_0 (vector IR from kernels/simd.py: 16-29 GFLOP/s per core against 3.5-5.4 for the f64 decode),
 BLAS sgemv for f32 weights of at least FAST_BLAS_MIN elements (RWKV's 768x768: 37 GFLOP/s against 9 for
-the f64 kernel), f32 BLAS tiles for
-prefill (MKL's sgemm where the `mkl` wheel is installed, kernels/mkl.py, with the tiles decoded by every
-thread; else NumPy's OpenBLAS); other decode products run the exact kernels. Small f32 products (attention over the KV cache)
-stay off BLAS: OpenBLAS's threads spin after a call and the decode kernels' OpenMP threads after a prange,
-and the two fight over the cores when interleaved (a prefill whose tile decoding used the prange drivers
-ran 10x slower, measured).
+the f64 kernel), f32 BLAS tiles for prefill (MKL's sgemm where the `mkl` wheel is installed, kernels/mkl.py,
+with the tiles decoded by every thread; else NumPy's OpenBLAS); other decode products run the exact kernels.
+Small f32 products (attention over the KV cache) stay off BLAS: OpenBLAS's threads spin after a call and the
+decode kernels' OpenMP threads after a prange, and the two fight over the cores when interleaved (a prefill
+whose tile decoding used the prange drivers beside OpenBLAS ran 10x slower, measured).
 
 Weights: a QTensor of any type with a CPU vec_dot (`GEMV`), or an f32 / f16 ndarray; b: f32
 with packed rows (anything else, e.g. b already in the weight's vec_dot type, goes to the reference).
@@ -325,22 +324,18 @@ def _batched_f32(W, b4, na, nb, r2, r3) -> np.ndarray:
 
 
 def _batched_mkl(W, b4, na, nb, r2, r3) -> np.ndarray:
-    """_batched_f32 through MKL (kernels/mkl.py), one sgemm per weight batch: b's r3 x r2 batches that share
-    weight batch (i3, i2) as one (r3 * r2 * m, k) matrix where they are adjacent in memory, else one call
-    each; a weight batch whose rows are not unit-strided (the transposed V of attention) copied first."""
+    """_batched_f32 through MKL (kernels/mkl.py), one sgemm per weight batch (W C-contiguous, from _weights):
+    b's r3 x r2 batches that share weight batch (i3, i2) as one (r3 * r2 * m, k) matrix where they are
+    adjacent in memory, else one call each (a call MKL declines runs NumPy's)."""
     out = np.empty((nb[3], nb[2], nb[1], na[1]), np.float32)
-    m, k, n = nb[1], nb[0], na[1]
+    k, n = nb[0], na[1]
     for i3 in range(na[3]):
         for i2 in range(na[2]):
             w = W[i3, i2]
-            if w.strides[1] != 4:
-                w = np.ascontiguousarray(w)
             bs = b4[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]
             o = out[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]
-            if r3 == 1 or (bs.flags.c_contiguous and o.flags.c_contiguous):
-                parts = [(bs.reshape(-1, k) if bs.flags.c_contiguous else None, o.reshape(-1, n))]
-                if parts[0][0] is None:
-                    parts = [(bs[0, j], o[0, j]) for j in range(r2)]
+            if bs.flags.c_contiguous and o.flags.c_contiguous:
+                parts = [(bs.reshape(-1, k), o.reshape(-1, n))]
             else:
                 parts = [(bs[j3, j2], o[j3, j2]) for j3 in range(r3) for j2 in range(r2)]
             for x, y in parts:
