@@ -38,21 +38,23 @@ def _operands(seed, n=384, dtype=np.float32):
     return rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, 2 * n)).astype(dtype)
 
 
-def _numba_threads():
-    """Numba's threads, or skip: shared(omp=True) runs the jobs in a prange only where each gets a thread."""
-    numba = pytest.importorskip("numba", reason="numba is not installed: shared(omp=True) runs in its prange")
-    if numba.config.NUMBA_NUM_THREADS < bt.openblas_threads():
-        pytest.skip("fewer Numba threads than OpenBLAS splits a call into: the jobs take the pool")
-    return numba
+def _numba():
+    return pytest.importorskip("numba", reason="numba is not installed: shared(omp=True) runs in its prange")
+
+
+def _prange_takes_them(numba) -> bool:
+    """Whether shared(omp=True) can give every job of a call a Numba thread (else the jobs take the pool)."""
+    return 1 < bt.openblas_threads() <= numba.get_num_threads()
 
 
 @pytest.mark.parametrize("omp", [False, True], ids=["pool", "omp"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_jobs_run_here_with_openblas_bits(dtype, omp):
     if omp:
-        numba = _numba_threads()
+        numba = _numba()
         before = numba.get_num_threads()
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        prange = _prange_takes_them(numba)
     a, b = _operands(0, dtype=dtype)
     ref = a @ b                                         # OpenBLAS's own threads
     bt._jobs.clear()
@@ -64,10 +66,10 @@ def test_jobs_run_here_with_openblas_bits(dtype, omp):
     finally:
         if omp:
             numba.set_num_threads(before)
-    if omp:
+    if omp and prange:
         assert bt.omp_calls == calls + 2 and not bt._jobs, "the jobs did not run in the prange"
-    else:
-        assert bt._jobs, "OpenBLAS did not hand the threaded call's jobs to the callback"
+    else:                          # the pool: without omp, or with fewer Numba threads than jobs (one CPU)
+        assert bt._jobs and bt.omp_calls == calls, "OpenBLAS did not hand the jobs to the pool"
     assert np.array_equal(got, ref)
     assert np.array_equal(got_t, b.T @ a.T)
     assert not bt.active_omp()
@@ -93,7 +95,7 @@ def test_concurrent_callers_get_their_own_results(omp):
     call's jobs, so a pool too small would hang and calls run side by side could mix their work (the pool is
     grown first, so that they could)."""
     if omp:
-        _numba_threads()
+        _numba()
     bt._pool_for(4)
     cases = [_operands(10 + i) for i in range(4)]
     refs = [a @ b for a, b in cases]

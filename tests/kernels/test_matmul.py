@@ -100,36 +100,17 @@ def test_decode_in_a_forked_child_runs_on_one_thread():
     """GNU OpenMP's threads do not survive a fork: a child that used a prange region its parent had started
     would hang. The decode drivers take one range in a child (ggml's test harness forks), so a child's
     decode product finishes and equals the parent's."""
-    import os
-    import pickle
-    import select
+    from tests.kernels._fork import in_forked_child
     rng = np.random.default_rng(4)
     a = _weight("q4_1", rng.standard_normal((4096, 576)).astype(np.float32))
     b = rng.standard_normal((1, 576)).astype(np.float32)
     with refimpl.backend("numba"):
         parent = refimpl.ops.mul_mat(a, b, numerics="fast")       # starts the OpenMP threads here
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:                                                  # child
-        try:
-            os.close(r)
-            with refimpl.backend("numba"):
-                got = refimpl.ops.mul_mat(a, b, numerics="fast")
-            with os.fdopen(w, "wb") as f:
-                f.write(pickle.dumps(got))
-        finally:
-            os._exit(0)
-    os.close(w)
-    ready, _, _ = select.select([r], [], [], 120)
-    if not ready:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's decode product did not finish in 120 s (OpenMP after fork)")
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    assert data, "the forked child died without a result"
-    assert_bits_equal(pickle.loads(data), parent, "decode in a forked child")
+
+    def child():
+        with refimpl.backend("numba"):
+            return refimpl.ops.mul_mat(a, b, numerics="fast")
+    assert_bits_equal(in_forked_child(child, "decode product"), parent, "decode in a forked child")
 
 
 # -- attention's decode products: all heads in one call ----------------------------------------------------

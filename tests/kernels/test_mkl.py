@@ -50,7 +50,7 @@ def test_sgemm_nt_is_an_f32_product_and_splits_without_changing_bits(m, n, k, pa
         numba.set_num_threads(1)
         one = np.empty((m, n), np.float32)
         assert mkl.sgemm_nt(x, w, one)
-        numba.set_num_threads(max(2, before))
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
         assert mkl.sgemm_nt(x, w, out)
         out2 = np.empty((m, n), np.float32)
         assert mkl.sgemm_nt(x, w, out2, omp=True)                 # the same split in a prange
@@ -120,7 +120,7 @@ def test_fast_prefill_of_block_weights_goes_to_mkl_on_any_thread_count(t, monkey
     before = numba.get_num_threads()
     outs = []
     try:
-        for th in (1, max(2, before)):
+        for th in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(th)
             fast, exact = _fast_and_exact(a, b)
             outs.append(fast)
@@ -155,43 +155,25 @@ def test_fast_batched_products_go_to_mkl(view, monkeypatch):
 
 def test_sgemm_nt_in_a_forked_child():
     """GNU OpenMP's threads do not survive a fork, nor do the thread pool's: in a child of a process whose
-    sgemm_nt started them, a split product takes a new thread pool instead of the prange driver, finishes,
-    and equals the parent's."""
-    import pickle
-    import select
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs 2 Numba threads (one CPU here): nothing is split")
+    sgemm_nt started them (2 threads where Numba has them), a split product takes a new thread pool instead
+    of the prange driver, finishes, and equals the parent's."""
+    from refimpl.kernels._common import parallel_ranges
+    from tests.kernels._fork import in_forked_child
     rng = np.random.default_rng(5)
     x = rng.standard_normal((256, 300)).astype(np.float32)
     w = rng.standard_normal((90, 300)).astype(np.float32)
     before = numba.get_num_threads()
-    numba.set_num_threads(2)
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
     try:
-        from refimpl.kernels._common import parallel_ranges
         parallel_ranges(lambda lo, hi: None, 4, 1)                   # the thread pool exists before the fork
         parent = np.empty((256, 90), np.float32)
         assert mkl.sgemm_nt(x, w, parent, omp=True)                  # starts the OpenMP threads here
-        r, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:                                                 # child
-            try:
-                os.close(r)
-                got = np.empty((256, 90), np.float32)
-                mkl.sgemm_nt(x, w, got, omp=True)
-                with os.fdopen(wfd, "wb") as f:
-                    f.write(pickle.dumps(got))
-            finally:
-                os._exit(0)
+
+        def child():
+            got = np.empty((256, 90), np.float32)
+            assert mkl.sgemm_nt(x, w, got, omp=True)
+            return got
+        got = in_forked_child(child, "sgemm_nt")
     finally:
         numba.set_num_threads(before)
-    os.close(wfd)
-    ready, _, _ = select.select([r], [], [], 120)
-    if not ready:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's sgemm_nt did not finish in 120 s (OpenMP after fork)")
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    assert data, "the forked child died without a result"
-    assert np.array_equal(pickle.loads(data).view(np.uint32), parent.view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), parent.view(np.uint32))

@@ -87,48 +87,28 @@ def test_dequantize_threaded_and_dispatched(t, monkeypatch):
 
 def test_dequantize_in_a_forked_child():
     """GNU OpenMP's threads do not survive a fork, nor do the thread pool's: in a child of a process whose
-    dequantize started them, a tensor's decode takes a new thread pool instead of the prange driver,
-    finishes, and equals the parent's."""
-    import os
-    import pickle
-    import select
+    dequantize started them (2 threads where Numba has them), a tensor's decode takes a new thread pool
+    instead of the prange driver, finishes, and equals the parent's."""
     import numba
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs 2 Numba threads (one CPU here): nothing is split")
+    from refimpl.kernels._common import parallel_ranges
+    from tests.kernels._fork import in_forked_child
     t = refimpl.as_type("q4_K")
     raw = np.random.default_rng(5).integers(0, 256, (1024, traits(t).type_size), dtype=np.uint8)
     qt = refimpl.QTensor(t, raw.reshape(1, -1), (1, 1024 * 256))
     before = numba.get_num_threads()
-    numba.set_num_threads(2)
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
     try:
-        from refimpl.kernels._common import parallel_ranges
         parallel_ranges(lambda lo, hi: None, 4, 1)                # the thread pool exists before the fork
         with refimpl.backend("numba"):
             parent = refimpl.dequantize(qt)                       # starts the OpenMP threads here
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:                                              # child
-            try:
-                os.close(r)
-                with refimpl.backend("numba"):
-                    got = refimpl.dequantize(qt)
-                with os.fdopen(w, "wb") as f:
-                    f.write(pickle.dumps(got))
-            finally:
-                os._exit(0)
+
+        def child():
+            with refimpl.backend("numba"):
+                return refimpl.dequantize(qt)
+        got = in_forked_child(child, "dequantize")
     finally:
         numba.set_num_threads(before)
-    os.close(w)
-    ready, _, _ = select.select([r], [], [], 120)
-    if not ready:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's dequantize did not finish in 120 s (OpenMP after fork)")
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    assert data, "the forked child died without a result"
-    assert_bits_equal(pickle.loads(data), parent, "dequantize in a forked child")
+    assert_bits_equal(got, parent, "dequantize in a forked child")
 
 
 @pytest.mark.parametrize("case", QUANT_CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
