@@ -110,6 +110,13 @@ def _pool_for(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
+def _first_slot(numjobs: int) -> int:
+    """The thread number of a call's first job (see _run_jobs): after OpenBLAS's own workers where MAX_THREADS
+    leaves room for numjobs more, else 0."""
+    slot = _servers.value if _servers is not None else 0
+    return slot if 0 <= slot <= _max_threads - numjobs else 0
+
+
 def _run_jobs(sync, dojob, numjobs, elsize, jobdata, dojob_data):
     """OpenBLAS's callback: job i is dojob(slot + i, jobdata + i * elsize, dojob_data); all of them, concurrently.
 
@@ -125,9 +132,7 @@ def _run_jobs(sync, dojob, numjobs, elsize, jobdata, dojob_data):
     if job is None:
         job = _jobs.setdefault(dojob, _DOJOB(dojob))
     with _one_call:                          # slots are per thread number: two calls at once would share them
-        slot = _servers.value if _servers is not None else 0
-        if not 0 <= slot <= _max_threads - numjobs:
-            slot = 0
+        slot = _first_slot(numjobs)
         waits = []
         for i in range(1, numjobs):
             args = (slot + i, jobdata + i * elsize, dojob_data)
@@ -165,10 +170,7 @@ def _run_jobs_omp(sync, dojob, numjobs, elsize, jobdata, dojob_data):
         from ._common import n_threads
         if 1 < numjobs <= n_threads():
             with _one_call:
-                slot = _servers.value if _servers is not None else 0
-                if not 0 <= slot <= _max_threads - numjobs:
-                    slot = 0
-                par_jobs(dojob, slot, jobdata, elsize, dojob_data, numjobs)
+                par_jobs(dojob, _first_slot(numjobs), jobdata, elsize, dojob_data, numjobs)
                 global omp_calls
                 omp_calls += 1
             return
