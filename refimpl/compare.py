@@ -595,7 +595,7 @@ def compare_op(op: str, *, numerics: str = "exact", n_cases: int = 10, seed: int
             if t.exact and not isinstance(ours, (tuple, list)):
                 _same_bits(ours, theirs)
             else:
-                check_values(ours, theirs, t, case.name)
+                check_values(ours, theirs, t, case.name, bound=t.bound(*case.args) if t.bound else None)
             over = False
         except AssertionError as err:
             over, note = True, str(err).replace(case.name + ": ", "").splitlines()[0][:160]

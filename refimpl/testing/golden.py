@@ -43,10 +43,14 @@ def _ne4(shape) -> list[int]:
     return list(shape[::-1]) + [1] * (4 - len(shape))
 
 
-def check_values(actual, expected, t: Tol, what: str) -> None:
+def check_values(actual, expected, t: Tol, what: str, bound=None) -> None:
     """ggml's test-backend-ops rules: shapes equal, NaN fails unless both NaN, infinities match in
-    position and sign, then NMSE (or bit equality / max ULP as the entry says)."""
+    position and sign, then NMSE (or bit equality / max ULP as the entry says); with `bound` (an array
+    broadcasting to the result: the entry's element-wise bound for this case) |actual - expected| <= bound
+    instead of NMSE."""
     from . import assert_bits_equal, nmse
+    if t.bound is not None and bound is None:
+        raise ValueError(f"{what}: the tolerance entry is an element-wise bound; pass bound=t.bound(*case.args)")
     if isinstance(actual, QTensor) or isinstance(expected, QTensor):
         if not (isinstance(actual, QTensor) and isinstance(expected, QTensor)):
             raise AssertionError(f"{what}: one result is a QTensor and the other is not")
@@ -87,6 +91,14 @@ def check_values(actual, expected, t: Tol, what: str) -> None:
                      e[fin].astype(np.float32).view(np.int32).astype(np.int64))
         if ulp.size and ulp.max() > t.max_ulp:
             raise AssertionError(f"{what}: {ulp.max()} ulp > {t.max_ulp}")
+    if bound is not None:
+        b = np.broadcast_to(np.asarray(bound, np.float64), a64.shape)
+        over = fin & ~(np.abs(a64 - e64) <= b)
+        if over.any():
+            i = tuple(np.argwhere(over)[0])
+            raise AssertionError(f"{what}: |{a64[i]!r} - {e64[i]!r}| > {b[i]:.3e} at numpy index {list(i)}, "
+                                 f"{int(over.sum())} element(s) over the bound ({t.why})")
+        return
     if t.nmse is not None:
         err = nmse(a64[fin], e64[fin])
         if not err <= t.nmse:
@@ -96,7 +108,7 @@ def check_values(actual, expected, t: Tol, what: str) -> None:
 def compare(case, actual, expected, against: str = "ggml") -> None:
     t = tol(case.op, case.type, against)
     try:
-        check_values(actual, expected, t, case.name)
+        check_values(actual, expected, t, case.name, bound=t.bound(*case.args) if t.bound else None)
     except AssertionError:
         record(case, False)
         raise
