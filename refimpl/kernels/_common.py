@@ -299,6 +299,16 @@ def n_threads() -> int:
     return max(1, _get_num_threads())
 
 
+_OMP_PID = os.getpid()   # the process that imported the kernels: where Numba's OpenMP threads may be started
+
+
+def prange_ok() -> bool:
+    """Whether this thread may enter a prange driver: not in a forked child (GNU OpenMP's threads do not survive
+    a fork: a child that used a region its parent had started would hang) and not on one of refimpl's pool
+    threads (their caller may hold the OpenMP team already)."""
+    return os.getpid() == _OMP_PID and not threading.current_thread().name.startswith("refimpl-")
+
+
 def parallel_ranges(work, n: int, min_items: int) -> None:
     """Call work(lo, hi) over [0, n) split into at most n_threads() ranges of >= min_items items, on a
     thread pool (the kernels are `nogil`), the first range on the calling thread.

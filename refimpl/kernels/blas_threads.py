@@ -160,12 +160,12 @@ _callback = _CALLBACK(_run_jobs)
 
 _omp = 0                # how many shared(omp=True) are active
 omp_calls = 0           # threaded calls whose jobs ran in the prange (a count for the tests)
-_PID = os.getpid()
 
 
 def _run_jobs_omp(sync, dojob, numjobs, elsize, jobdata, dojob_data):
     """_run_jobs with the jobs in a prange where shared(omp=True) is active and every job gets its own thread."""
-    if _omp and os.getpid() == _PID and not threading.current_thread().name.startswith(("refimpl-", "Dummy")):
+    from ._common import prange_ok
+    if _omp and prange_ok() and not threading.current_thread().name.startswith("Dummy"):
         from ._blas_jobs import par_jobs          # Numba, imported on first use
         from ._common import n_threads
         if 1 < numjobs <= n_threads():

@@ -28,7 +28,6 @@ with packed rows (anything else, e.g. b already in the weight's vec_dot type, go
 from __future__ import annotations
 
 import numpy as np
-import os
 import threading
 
 from numba import njit, prange
@@ -39,7 +38,7 @@ from ..ops._shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 from . import blas_threads, mkl, quants, simd
-from ._common import _PREFIX, n_threads, parallel_ranges
+from ._common import n_threads, parallel_ranges, prange_ok
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
 GEMV_MIN_MACS = 1 << 18  # multiply-adds per thread at least (Python thread pool)
@@ -698,9 +697,7 @@ def _split(n: int, per: int) -> int:
     """How many row ranges a decode product of n rows takes (>= per rows each, at most one per thread);
     1 in a forked child (GNU OpenMP's threads do not survive a fork) or on a pool thread."""
     k = min(n_threads(), max(1, n // max(1, per)))
-    if k > 1 and (os.getpid() != _PID or threading.current_thread().name.startswith(_PREFIX)):
+    if k > 1 and not prange_ok():
         return 1
     return k
 
-
-_PID = os.getpid()

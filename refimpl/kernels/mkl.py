@@ -143,8 +143,6 @@ def _par_rows(fp, xp, lda, wp, ldb, op, ldc, m, n, k, nchunk):
         _call_sgemm(fp, hi - lo, n, k, xp + 4 * lda * lo, lda, wp, ldb, op + 4 * ldc * lo, ldc)
 
 
-_PID = os.getpid()
-
 
 def sgemm_nt(x: np.ndarray, w: np.ndarray, out: np.ndarray, omp: bool = False) -> bool:
     """out[...] = x @ w.T through MKL: x (m, k), w (n, k), out (m, n) f32, each with unit inner stride and rows
@@ -167,11 +165,11 @@ def sgemm_nt(x: np.ndarray, w: np.ndarray, out: np.ndarray, omp: bool = False) -
         f(_ROW_MAJOR, _NO_TRANS, _TRANS, hi - lo, n, k, 1.0, xp + 4 * lda * lo, lda, wp, ldb, 0.0,
           op + 4 * ldc * lo, ldc)
 
-    from ._common import _PREFIX, n_threads, parallel_ranges
+    from ._common import n_threads, parallel_ranges, prange_ok
     nchunk = min(n_threads(), m // MIN_ROWS)
     if nchunk <= 1:
         rows(0, m)
-    elif not omp or os.getpid() != _PID or threading.current_thread().name.startswith(_PREFIX):
+    elif not omp or not prange_ok():
         parallel_ranges(rows, m, MIN_ROWS)
     else:
         _par_rows(_addr, xp, lda, wp, ldb, op, ldc, m, n, k, nchunk)

@@ -24,8 +24,6 @@ the hottest (Q8_0, Q4_K, Q5_K) also index slices from 0, keep nibbles uint8 up t
 from __future__ import annotations
 
 import functools
-import os
-import threading
 
 import numpy as np
 from numba import njit, prange
@@ -35,7 +33,7 @@ from ..ops._core import implements
 from ..quants import DEQUANTIZERS
 from ..types import GGMLType, traits
 from . import simd
-from ._common import _PREFIX, f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, n_threads, parallel_ranges
+from ._common import f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, n_threads, parallel_ranges, prange_ok
 
 _TWO_M24 = np.float32(2.0 ** -24)
 
@@ -660,8 +658,9 @@ DECODABLE = frozenset(t for t in DEQUANTIZERS if int(t) in DECODERS)
 # A whole tensor's decode (the dequantize entry point) splits its blocks in a `prange`: Numba's OpenMP threads
 # start a range in ~5 us, the Python pool of parallel_ranges in ~65-100 us (an empty task's round trip here),
 # as long as the decode of 1M elements takes on one core. One small driver per decoder, as kernels/matmul.py's
-# (a driver taking the decoder as an argument would not be cached); mul_mat's tiles keep parallel_ranges
-# (`dequantize_into`): OpenMP threads that spin after a prange take the cores from OpenBLAS's next sgemm.
+# (a driver taking the decoder as an argument would not be cached). mul_mat's tiles take them (`decode_tensor`)
+# only where their products run on Numba's threads too, else parallel_ranges (`dequantize_into`): OpenMP
+# threads that spin after a prange take the cores from OpenBLAS's next sgemm.
 
 @njit(cache=True, parallel=True, nogil=True)
 def _par_dq_f32(src, out, T, nchunk):
@@ -839,7 +838,6 @@ def _par_dq_nvfp4(src, out, T, nchunk):
 
 
 PAR_DECODERS = {tid: globals()[f"_par_dq_{GGMLType(tid).name.lower().replace('_k', '_K')}"] for tid in DECODERS}
-_PID = os.getpid()
 
 
 # The per-tensor path below runs on caches that the previous decode has just flushed (1M elements
@@ -875,7 +873,7 @@ def _decode_tensor(tid, src, out, min_blocks, T):
     k = min(th, n // min_blocks) if th > 1 else 1
     if k <= 1:
         DECODERS[tid](src, out, 0, n, T)
-    elif os.getpid() != _PID or threading.current_thread().name.startswith(_PREFIX):
+    elif not prange_ok():
         _decode(DECODERS[tid], src, out, min_blocks, T)
     else:
         PAR_DECODERS[tid](src, out, T, k)
