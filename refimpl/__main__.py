@@ -665,6 +665,43 @@ def _cmd_quantize(args) -> int:
     return 0
 
 
+def _byte_size(text: str) -> int:
+    """"8G", "512M", "1048576" -> bytes (argparse type)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    try:
+        n = float(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 8G, 512M, 1048576)") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return int(n)
+
+
+def _cmd_serve(args) -> int:
+    import logging
+
+    from .ops import current_backend
+    from .rpc import Server
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="refimpl serve: %(message)s")
+    try:
+        srv = Server(args.host, args.port, backend=args.backend or current_backend(), numerics=args.numerics,
+                     mem=args.mem, dump=args.dump, strict=args.strict)
+        srv.start()
+    except OSError as e:
+        print(f"refimpl: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    print(f"refimpl serve: backend {srv.backend}, numerics {srv.numerics}, --mem {srv.memory.limit} bytes",
+          file=sys.stderr)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        srv.stop()
+        return 130
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="refimpl", description="The reference implementation of ggml in NumPy.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -726,6 +763,23 @@ def main(argv=None) -> int:
     s.add_argument("--all", action="store_true", help="also quantize the embeddings (1-D tensors always stay)")
     s.set_defaults(fn=_cmd_quantize)
     from . import check, compare
+    s = sub.add_parser("serve", help="serve ggml's RPC protocol (7.0.0, ggml 0.25.3): llama.cpp --rpc and "
+                       "test-backend-ops compute their graphs with refimpl's ops")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; the protocol has "
+                   "no authentication, so anything else is reachable by anyone on that network)")
+    s.add_argument("--port", type=int, default=50052, help="TCP port (default 50052, ggml's rpc-server's)")
+    s.add_argument("--backend", choices=["numpy", "numba"], default=None,
+                   help="refimpl backend for the ops (default: numba when installed, else numpy)")
+    s.add_argument("--numerics", choices=["exact", "ggml", "fast"], default="exact",
+                   help="exact: the math ggml defines; ggml: ggml-cpu's roundings where emulated; fast: f32 sums")
+    s.add_argument("--mem", type=_byte_size, default=None, metavar="BYTES",
+                   help="bound on all buffers together, e.g. 8G (default: 3/4 of the memory free now)")
+    s.add_argument("--dump", metavar="DIR", help="save every computed node's value as DIR/NNNNNN-NAME.npy "
+                   "with DIR/index.jsonl (op, type, shapes)")
+    s.add_argument("--strict", action="store_true", help="close the connection on a node refimpl cannot "
+                   "compute, instead of filling it with NaN")
+    s.add_argument("-v", "--verbose", action="store_true", help="log every connection and command summary")
+    s.set_defaults(fn=_cmd_serve)
     compare.add_parser(sub, _add_model_options)      # refimpl compare (refimpl/compare.py)
     check.add_parser(sub, _add_model_options)        # refimpl check (refimpl/check.py)
     args = p.parse_args(argv)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -166,7 +167,8 @@ def _wanted(name: str) -> bool:
 
 
 def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
-                  type_kv: int = 1, pooling: int | None = None, isolate: bool = True) -> LlamaCppRun:
+                  type_kv: int = 1, pooling: int | None = None, isolate: bool = True,
+                  rpc: str | None = None) -> LlamaCppRun:
     """One llama_decode of `tokens` (logits for every position) on llama.cpp's CPU backend, as the goldens
     were made: no weight repacking (use_extra_bufts=False), flash attention off, K/V cache of ggml type
     `type_kv` (1: f16, llama.cpp's default; 0: f32), n_batch = n_ubatch >= len(tokens). With `capture`
@@ -178,19 +180,23 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
 
     isolate (default): run it in a fresh interpreter. A process that has loaded another libggml (ggml-python,
     the op oracle, does) would make llama.cpp run that build's kernels; isolate=False runs here and refuses
-    such a process."""
+    such a process.
+
+    rpc ("HOST:PORT"): offload every layer, the output and the KV cache to the ggml RPC server there (`refimpl
+    serve`, or ggml's own rpc-server), as `llama-cli --rpc HOST:PORT -ngl 99` does; llama-cpp-python must be
+    built with -DGGML_RPC=ON (scripts/setup.sh does)."""
     tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
     if not tokens:
         raise ValueError("run_llama_cpp: no tokens")
     if isolate:
         return _run_isolated(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture,
-                             type_kv=type_kv, pooling=pooling)
+                             type_kv=type_kv, pooling=pooling, rpc=rpc)
     foreign = _foreign_ggml()
     if foreign:
         raise RuntimeError("run_llama_cpp(isolate=False): this process has another libggml loaded "
                            f"({', '.join(foreign)}); llama.cpp would run its kernels. Use isolate=True.")
     return _run_here(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture, type_kv=type_kv,
-                     pooling=pooling)
+                     pooling=pooling, rpc=rpc)
 
 
 def _run_isolated(model_path, tokens, **kw) -> LlamaCppRun:
@@ -236,8 +242,31 @@ def _child(argv) -> int:
     return 0
 
 
+def register_rpc_server(endpoint: str) -> None:
+    """Add the ggml RPC server at `endpoint` to llama-cpp-python's ggml device registry (ggml-rpc.h's
+    `ggml_backend_rpc_add_server`, then ggml-backend.h's `ggml_backend_register`), as llama.cpp's --rpc does."""
+    import llama_cpp
+    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    def lib(name):
+        # by soname, the name libllama was linked against: dlopen of another name (the unversioned symlink)
+        # maps a second copy of the library, with a device registry of its own that llama.cpp never reads
+        for n in (f"{name}.so.0", f"{name}.so"):
+            if os.path.exists(os.path.join(libdir, n)):
+                return ctypes.CDLL(os.path.join(libdir, n))
+        raise RuntimeError(f"llama-cpp-python has no lib/{name}.so; rebuild it with CMAKE_ARGS=-DGGML_RPC=ON "
+                           "(scripts/setup.sh does)")
+    rpc, ggml = lib("libggml-rpc"), lib("libggml")
+    rpc.ggml_backend_rpc_add_server.argtypes, rpc.ggml_backend_rpc_add_server.restype = [ctypes.c_char_p], \
+        ctypes.c_void_p
+    ggml.ggml_backend_register.argtypes, ggml.ggml_backend_register.restype = [ctypes.c_void_p], None
+    reg = rpc.ggml_backend_rpc_add_server(endpoint.encode())
+    if not reg:
+        raise RuntimeError(f"the RPC server at {endpoint} reports no devices")
+    ggml.ggml_backend_register(reg)
+
+
 def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
-              type_kv: int = 1, pooling: int | None = None) -> LlamaCppRun:
+              type_kv: int = 1, pooling: int | None = None, rpc: str | None = None) -> LlamaCppRun:
     import llama_cpp
     import llama_cpp.llama_cpp as C
     lib = _ggml_lib()
@@ -249,6 +278,8 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
     del _LOG_LINES[:]
     C.llama_log_set(log_cb, ctypes.c_void_p(0))
     C.llama_backend_init()
+    if rpc:
+        register_rpc_server(rpc)
     run = LlamaCppRun(logits=np.zeros((0, 0), np.float32),
                       system_info=llama_cpp.llama_print_system_info().decode())
     errors: list[BaseException] = []
@@ -271,7 +302,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
     _KEEP.append(eval_cb)
 
     mp = C.llama_model_default_params()
-    mp.n_gpu_layers = 0
+    mp.n_gpu_layers = 999 if rpc else 0
     mp.use_extra_bufts = False                # weights stay in their GGUF layout (no CPU_REPACK buffer)
     model = C.llama_model_load_from_file(str(model_path).encode(), mp)
     if not model:
@@ -285,7 +316,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
         cp.n_threads = cp.n_threads_batch = int(n_threads)
         cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.type_k = cp.type_v = int(type_kv)
-        cp.offload_kqv = False
+        cp.offload_kqv = bool(rpc)
         if pooling is not None:
             cp.embeddings = True
             cp.pooling_type = int(pooling)

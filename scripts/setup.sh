@@ -21,7 +21,7 @@ if [ ! -f "$stamp" ]; then
   fi
   if [ "$need_ggml" = 1 ] && ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
     # llama.cpp for refimpl compare and its tests: the same portable profile, AMX off (its AMX paths crash here)
-    CMAKE_ARGS="$CMAKE_ARGS -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_LLAMAFILE=ON \
+    CMAKE_ARGS="$CMAKE_ARGS -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_LLAMAFILE=ON -DGGML_RPC=ON \
 -DLLAMA_BUILD_EXAMPLES=OFF" .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir \
       --no-binary llama-cpp-python llama-cpp-python==0.3.36
   fi

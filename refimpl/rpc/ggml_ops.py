@@ -1,0 +1,517 @@
+"""One table from ggml 0.25.3's graph nodes to refimpl's ops.
+
+A node arrives with its op (`enum ggml_op` of ggml 0.25.3), its `op_params` (16 int32 words; floats are
+stored bit for bit) and up to ten sources. `OPS` maps each op name to a handler that reads the params the
+way ggml 0.25.3's constructor in `ggml.c` wrote them and calls the refimpl op of the same name; `UNARY` and
+`GLU` do the same for the sub-op in `op_params[0]`. The enum lists below are ggml 0.25.3's, in order (a test
+checks them against the vendored `ggml.h`), so a client of another version fails loudly instead of
+computing the wrong op.
+
+Sources come as NumPy views of the server's buffers (4-D, NumPy order: ne reversed) or as QTensor views
+for block types and BF16; a handler returns the node's value (any layout with the node's element count)
+and the server converts it to the node's type and writes it into the node's bytes.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .. import ops
+from ..qtensor import QTensor
+
+# enum ggml_op, ggml 0.25.3 (GGML_OP_COUNT == 101)
+OP_NAMES = (
+    "NONE", "DUP", "ADD", "ADD_ID", "ADD1", "ACC", "SUB", "MUL", "DIV", "SQR", "SQRT", "LOG", "SIN", "COS", "SUM",
+    "SUM_ROWS", "CUMSUM", "MEAN", "ARGMAX", "COUNT_EQUAL", "REPEAT", "REPEAT_BACK", "CONCAT", "SILU_BACK", "NORM",
+    "RMS_NORM", "RMS_NORM_BACK", "GROUP_NORM", "L2_NORM", "MUL_MAT", "MUL_MAT_ID", "OUT_PROD", "SCALE", "SET",
+    "CPY", "CONT", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "GET_ROWS", "GET_ROWS_BACK", "SET_ROWS", "DIAG",
+    "DIAG_MASK_INF", "DIAG_MASK_ZERO", "SOFT_MAX", "SOFT_MAX_BACK", "ROPE", "ROPE_BACK", "CLAMP",
+    "CONV_TRANSPOSE_1D", "IM2COL", "IM2COL_BACK", "IM2COL_3D", "COL2IM_1D", "CONV_2D", "CONV_3D", "CONV_2D_DW",
+    "CONV_TRANSPOSE_2D", "POOL_1D", "POOL_2D", "POOL_2D_BACK", "UPSCALE", "PAD", "PAD_REFLECT_1D", "ROLL",
+    "ARANGE", "TIMESTEP_EMBEDDING", "ARGSORT", "TOP_K", "LEAKY_RELU", "TRI", "FILL", "FLASH_ATTN_EXT",
+    "FLASH_ATTN_BACK", "SSM_CONV", "SSM_SCAN", "WIN_PART", "WIN_UNPART", "GET_REL_POS", "ADD_REL_POS",
+    "RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7", "SOLVE_TRI", "GATED_DELTA_NET", "LIGHTNING_INDEXER",
+    "DSV4_HC_COMB", "DSV4_HC_PRE", "DSV4_HC_POST", "UNARY", "MAP_CUSTOM1", "MAP_CUSTOM2", "MAP_CUSTOM3",
+    "CUSTOM", "CROSS_ENTROPY_LOSS", "CROSS_ENTROPY_LOSS_BACK", "OPT_STEP_ADAMW", "OPT_STEP_SGD", "GLU",
+)
+UNARY_NAMES = (
+    "ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU", "GELU_QUICK", "SILU", "HARDSWISH",
+    "HARDSIGMOID", "EXP", "EXPM1", "SOFTPLUS", "GELU_ERF", "XIELU", "FLOOR", "CEIL", "ROUND", "TRUNC",
+)
+GLU_NAMES = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK", "SWIGLU_CLAMP")
+
+# ops that compute nothing: their bytes are another tensor's (views) or were set by the client (leaves)
+NO_COMPUTE = frozenset({"NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"})
+
+# ggml 0.25.3 ops refimpl does not compute, with the reason the server logs and docs/test-backend-ops.md lists
+NOT_COMPUTED = {
+    "FLASH_ATTN_BACK": "legacy attention backward, unused by inference; refimpl has no op for it",
+    "LIGHTNING_INDEXER": "DeepSeek V4 op new in ggml 0.25.3; not in refimpl's op set yet",
+    "DSV4_HC_COMB": "DeepSeek V4 op new in ggml 0.25.3; not in refimpl's op set yet",
+    "DSV4_HC_PRE": "DeepSeek V4 op new in ggml 0.25.3; not in refimpl's op set yet",
+    "DSV4_HC_POST": "DeepSeek V4 op new in ggml 0.25.3; not in refimpl's op set yet",
+    "MAP_CUSTOM1": "a client-side C callback: its code never crosses the wire",
+    "MAP_CUSTOM2": "a client-side C callback: its code never crosses the wire",
+    "MAP_CUSTOM3": "a client-side C callback: its code never crosses the wire",
+    "CUSTOM": "a client-side C callback: its code never crosses the wire",
+    "OPT_STEP_ADAMW": "optimizer step (training); refimpl has no op for it",
+    "OPT_STEP_SGD": "optimizer step (training); refimpl has no op for it",
+}
+UNARY_NOT_COMPUTED = {
+    "XIELU": "op_params carry softplus(alpha_n) + beta and softplus(alpha_p), refimpl's xielu takes alpha_n, "
+             "alpha_p themselves",
+}
+GLU_NOT_COMPUTED = {"SWIGLU_CLAMP": "GLU sub-op new in ggml 0.25.3; not in refimpl's op set yet"}
+
+
+class Unsupported(Exception):
+    """The node cannot be computed by refimpl (the server fills it with NaN and logs why)."""
+
+
+class Params:
+    """A node's op_params: 16 int32 words, read as ints or as the floats stored in them."""
+    __slots__ = ("w",)
+
+    def __init__(self, words):
+        self.w = np.asarray(words, np.int32)
+
+    def i(self, k: int) -> int:
+        return int(self.w[k])
+
+    def f(self, k: int) -> float:
+        return float(self.w[k:k + 1].view(np.float32)[0])
+
+
+def _rank(x, n: int):
+    """x with its leading (NumPy) size-1 axes dropped down to n axes: ggml's 4-D tensor as the op's rank."""
+    shape = x.shape
+    while len(shape) > n and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) != len(x.shape):
+        x = x.reshape(shape) if isinstance(x, QTensor) else x.reshape(shape)
+    return x
+
+
+def _f32(x):
+    return np.asarray(x, np.float32) if isinstance(x, QTensor) else x
+
+
+Handler = Callable  # (node, srcs: list, p: Params) -> value
+OPS: dict[str, Handler] = {}
+UNARY: dict[str, Callable] = {}
+GLU: dict[str, Callable] = {}
+
+
+def _reg(*names):
+    def deco(fn):
+        for n in names:
+            OPS[n] = fn
+        return fn
+    return deco
+
+
+# -- element-wise and reductions --------------------------------------------------------------------------
+for _name, _fn in (("ADD", ops.add), ("SUB", ops.sub), ("MUL", ops.mul), ("DIV", ops.div), ("ADD1", ops.add1),
+                   ("SILU_BACK", ops.silu_back), ("COUNT_EQUAL", ops.count_equal),
+                   ("OUT_PROD", ops.out_prod), ("MUL_MAT", ops.mul_mat)):
+    OPS[_name] = (lambda f: lambda node, s, p: f(s[0], s[1]))(_fn)
+for _name, _fn in (("SQR", ops.sqr), ("SQRT", ops.sqrt), ("LOG", ops.log), ("SIN", ops.sin), ("COS", ops.cos),
+                   ("SUM", ops.sum), ("SUM_ROWS", ops.sum_rows), ("MEAN", ops.mean), ("CUMSUM", ops.cumsum),
+                   ("DUP", ops.dup), ("DIAG", ops.diag)):
+    OPS[_name] = (lambda f: lambda node, s, p: f(s[0]))(_fn)
+
+
+@_reg("ARGMAX")
+def _argmax(node, s, p):
+    return ops.argmax(_rank(s[0], 2))
+
+
+@_reg("ADD_ID")
+def _add_id(node, s, p):
+    return ops.add_id(_rank(s[0], 3), _rank(s[1], 2), _rank(s[2], 2))
+
+
+@_reg("ACC")
+def _acc(node, s, p):
+    return ops.acc(s[0], s[1], p.i(0), p.i(1), p.i(2), p.i(3))
+
+
+@_reg("SET")
+def _set(node, s, p):
+    return ops.set(s[0], s[1], p.i(0), p.i(1), p.i(2), p.i(3))
+
+
+@_reg("REPEAT")
+def _repeat(node, s, p):
+    return ops.repeat(s[0], np.empty(node.shape, np.float32))
+
+
+@_reg("REPEAT_BACK")
+def _repeat_back(node, s, p):
+    return ops.repeat_back(s[0], np.empty(node.shape, np.float32))
+
+
+@_reg("CONCAT")
+def _concat(node, s, p):
+    return ops.concat(s[0], s[1], p.i(0))
+
+
+@_reg("SCALE")
+def _scale(node, s, p):
+    return ops.scale(s[0], p.f(0), p.f(1))
+
+
+@_reg("CLAMP")
+def _clamp(node, s, p):
+    return ops.clamp(s[0], p.f(0), p.f(1))
+
+
+@_reg("LEAKY_RELU")
+def _leaky_relu(node, s, p):
+    return ops.leaky_relu(s[0], p.f(0))
+
+
+@_reg("FILL")
+def _fill(node, s, p):
+    return ops.fill(s[0], p.f(0))
+
+
+@_reg("TRI")
+def _tri(node, s, p):
+    return ops.tri(s[0], p.i(0))
+
+
+@_reg("ARANGE")
+def _arange(node, s, p):
+    return ops.arange(p.f(0), p.f(1), p.f(2))
+
+
+# -- normalization ------------------------------------------------------------------------------------------
+@_reg("NORM")
+def _norm(node, s, p):
+    return ops.norm(s[0], p.f(0))
+
+
+@_reg("RMS_NORM")
+def _rms_norm(node, s, p):
+    return ops.rms_norm(s[0], p.f(0))
+
+
+@_reg("RMS_NORM_BACK")
+def _rms_norm_back(node, s, p):
+    return ops.rms_norm_back(s[0], s[1], p.f(0))
+
+
+@_reg("GROUP_NORM")
+def _group_norm(node, s, p):
+    return ops.group_norm(s[0], p.i(0), p.f(1))
+
+
+@_reg("L2_NORM")
+def _l2_norm(node, s, p):
+    return ops.l2_norm(s[0], p.f(0))
+
+
+# -- products -----------------------------------------------------------------------------------------------
+@_reg("MUL_MAT_ID")
+def _mul_mat_id(node, s, p):
+    return ops.mul_mat_id(_rank(s[0], 3), _rank(s[1], 3), _rank(s[2], 2))
+
+
+@_reg("SOLVE_TRI")
+def _solve_tri(node, s, p):
+    return ops.solve_tri(s[0], s[1])
+
+
+# -- data movement ------------------------------------------------------------------------------------------
+@_reg("CPY")
+def _cpy(node, s, p):
+    return ops.cpy(s[0], s[1])
+
+
+@_reg("CONT")
+def _cont(node, s, p):
+    return ops.cont(s[0], node.shape)
+
+
+@_reg("GET_ROWS")
+def _get_rows(node, s, p):
+    return ops.get_rows(s[0], _rank(s[1], 3))
+
+
+@_reg("GET_ROWS_BACK")
+def _get_rows_back(node, s, p):
+    return ops.get_rows_back(s[0], _rank(s[1], 1), s[2])
+
+
+@_reg("SET_ROWS")
+def _set_rows(node, s, p):
+    # ggml 0.25.3 wires set_rows(a, b, c) as src0 = b (the rows), src1 = c (indices), src2 = a (destination)
+    return ops.set_rows(s[2], s[0], _rank(s[1], 3))
+
+
+@_reg("DIAG_MASK_INF")
+def _diag_mask_inf(node, s, p):
+    return ops.diag_mask_inf(s[0], p.i(0))
+
+
+@_reg("DIAG_MASK_ZERO")
+def _diag_mask_zero(node, s, p):
+    return ops.diag_mask_zero(s[0], p.i(0))
+
+
+@_reg("PAD")
+def _pad(node, s, p):
+    return ops.pad_ext(s[0], *(p.i(k) for k in range(8)), circular=bool(p.i(8)))
+
+
+@_reg("PAD_REFLECT_1D")
+def _pad_reflect_1d(node, s, p):
+    return ops.pad_reflect_1d(s[0], p.i(0), p.i(1))
+
+
+@_reg("ROLL")
+def _roll(node, s, p):
+    return ops.roll(s[0], p.i(0), p.i(1), p.i(2), p.i(3))
+
+
+@_reg("WIN_PART")
+def _win_part(node, s, p):
+    return ops.win_part(s[0], p.i(2))
+
+
+@_reg("WIN_UNPART")
+def _win_unpart(node, s, p):
+    ne = node.ne
+    return ops.win_unpart(s[0], ne[1], ne[2], p.i(0))
+
+
+@_reg("GET_REL_POS")
+def _get_rel_pos(node, s, p):
+    ne = node.ne
+    return ops.get_rel_pos(s[0], ne[1], ne[2])
+
+
+@_reg("ADD_REL_POS")
+def _add_rel_pos(node, s, p):
+    return ops.add_rel_pos(s[0], s[1], s[2])
+
+
+# -- attention, softmax, rope ---------------------------------------------------------------------------------
+@_reg("SOFT_MAX")
+def _soft_max(node, s, p):
+    return ops.soft_max_ext(s[0], s[1], p.f(0), p.f(1), None if s[2] is None else _rank(s[2], 1))
+
+
+@_reg("SOFT_MAX_BACK")
+def _soft_max_back(node, s, p):
+    return ops.soft_max_ext_back(s[0], s[1], p.f(0), p.f(1))
+
+
+ROPE_TYPE_MROPE = 8
+ROPE_TYPE_VISION = 24
+
+
+def _rope_args(p):
+    return dict(n_dims=p.i(1), mode=p.i(2), n_ctx_orig=p.i(4), freq_base=p.f(5), freq_scale=p.f(6),
+                ext_factor=p.f(7), attn_factor=p.f(8), beta_fast=p.f(9), beta_slow=p.f(10))
+
+
+def _rope(node, s, p, back: bool):
+    kw = _rope_args(p)
+    x, pos, ff = s[0], _rank(s[1], 1), None if s[2] is None else _rank(s[2], 1)
+    n_offs = p.i(15)
+    if kw["mode"] & ROPE_TYPE_MROPE:
+        if n_offs:
+            raise Unsupported(f"rope n_offs {n_offs} with an M-RoPE mode")
+        sections = [p.i(11 + k) for k in range(4)]
+        f = ops.rope_multi_back if back else ops.rope_multi
+        return f(x, pos, ff, sections=sections, **kw)
+    f = ops.rope_ext_back if back else ops.rope_ext
+    if not n_offs:
+        return f(x, pos, ff, **kw)
+    # ggml_rope_set_offset (new in 0.25.3): the rotated dims start at n_offs; the dims before stay
+    out = np.array(x, copy=True)
+    out[..., n_offs:] = f(np.ascontiguousarray(x[..., n_offs:]), pos, ff, **kw)
+    return out
+
+
+OPS["ROPE"] = lambda node, s, p: _rope(node, s, p, back=False)
+OPS["ROPE_BACK"] = lambda node, s, p: _rope(node, s, p, back=True)
+
+
+@_reg("FLASH_ATTN_EXT")
+def _flash_attn_ext(node, s, p):
+    sinks = None if s[4] is None else _rank(s[4], 1)
+    return ops.flash_attn_ext(s[0], s[1], s[2], s[3], p.f(0), p.f(1), p.f(2), sinks)
+
+
+# -- convolution, pooling, resampling ------------------------------------------------------------------------
+@_reg("IM2COL")
+def _im2col(node, s, p):
+    return ops.im2col(s[0], s[1], p.i(0), p.i(1), p.i(2), p.i(3), p.i(4), p.i(5), bool(p.i(6)), node.type)
+
+
+@_reg("IM2COL_BACK")
+def _im2col_back(node, s, p):
+    return ops.im2col_back(s[0], s[1], node.ne, p.i(0), p.i(1), p.i(2), p.i(3), p.i(4), p.i(5), bool(p.i(6)))
+
+
+@_reg("IM2COL_3D")
+def _im2col_3d(node, s, p):
+    return ops.im2col_3d(s[0], s[1], p.i(9), *(p.i(k) for k in range(9)), dst_type=node.type)
+
+
+@_reg("COL2IM_1D")
+def _col2im_1d(node, s, p):
+    return ops.col2im_1d(s[0], p.i(0), p.i(1), p.i(2))
+
+
+@_reg("CONV_TRANSPOSE_1D")
+def _conv_transpose_1d(node, s, p):
+    return ops.conv_transpose_1d(s[0], s[1], p.i(0), p.i(1), p.i(2))
+
+
+@_reg("CONV_2D")
+def _conv_2d(node, s, p):
+    return ops.conv_2d_direct(s[0], s[1], *(p.i(k) for k in range(6)))
+
+
+@_reg("CONV_3D")
+def _conv_3d(node, s, p):
+    return ops.conv_3d_direct(s[0], s[1], *(p.i(k) for k in range(12)))
+
+
+@_reg("CONV_2D_DW")
+def _conv_2d_dw(node, s, p):
+    return ops.conv_2d_dw_direct(s[0], s[1], *(p.i(k) for k in range(6)))
+
+
+@_reg("CONV_TRANSPOSE_2D")
+def _conv_transpose_2d(node, s, p):
+    return ops.conv_transpose_2d_p0(s[0], s[1], p.i(0))
+
+
+@_reg("POOL_1D")
+def _pool_1d(node, s, p):
+    return ops.pool_1d(s[0], p.i(0), p.i(1), p.i(2), p.i(3))
+
+
+@_reg("POOL_2D")
+def _pool_2d(node, s, p):
+    return ops.pool_2d(s[0], *(p.i(k) for k in range(7)))
+
+
+@_reg("POOL_2D_BACK")
+def _pool_2d_back(node, s, p):
+    return ops.pool_2d_back(s[0], s[1], *(p.i(k) for k in range(7)))
+
+
+@_reg("UPSCALE")
+def _upscale(node, s, p):
+    ne = node.ne
+    return ops.interpolate(s[0], ne[0], ne[1], ne[2], ne[3], p.i(0))
+
+
+@_reg("TIMESTEP_EMBEDDING")
+def _timestep_embedding(node, s, p):
+    return ops.timestep_embedding(_rank(s[0], 1), p.i(0), p.i(1))
+
+
+# -- sorting --------------------------------------------------------------------------------------------------
+@_reg("ARGSORT")
+def _argsort(node, s, p):
+    return ops.argsort(s[0], p.i(0))
+
+
+@_reg("TOP_K")
+def _top_k(node, s, p):
+    return ops.top_k(s[0], node.ne[0])
+
+
+# -- recurrent and state-space ---------------------------------------------------------------------------------
+@_reg("SSM_CONV")
+def _ssm_conv(node, s, p):
+    return ops.ssm_conv(s[0], s[1])
+
+
+@_reg("SSM_SCAN")
+def _ssm_scan(node, s, p):
+    return ops.ssm_scan(*s[:7])
+
+
+@_reg("RWKV_WKV6")
+def _rwkv_wkv6(node, s, p):
+    return ops.rwkv_wkv6(*s[:6])
+
+
+@_reg("GATED_LINEAR_ATTN")
+def _gated_linear_attn(node, s, p):
+    return ops.gated_linear_attn(*s[:5], scale=p.f(0))
+
+
+@_reg("RWKV_WKV7")
+def _rwkv_wkv7(node, s, p):
+    return ops.rwkv_wkv7(*s[:7])
+
+
+@_reg("GATED_DELTA_NET")
+def _gated_delta_net(node, s, p):
+    return ops.gated_delta_net(*s[:6], K=p.i(0))
+
+
+@_reg("CROSS_ENTROPY_LOSS")
+def _cross_entropy_loss(node, s, p):
+    return ops.cross_entropy_loss(s[0], s[1])
+
+
+@_reg("CROSS_ENTROPY_LOSS_BACK")
+def _cross_entropy_loss_back(node, s, p):
+    return ops.cross_entropy_loss_back(s[0], s[1], s[2])
+
+
+# -- UNARY and GLU sub-ops ----------------------------------------------------------------------------------
+for _name in UNARY_NAMES:
+    if _name not in UNARY_NOT_COMPUTED:
+        UNARY[_name] = getattr(ops, _name.lower())
+for _name in GLU_NAMES:
+    if _name not in GLU_NOT_COMPUTED:
+        GLU[_name] = getattr(ops, _name.lower())
+
+
+@_reg("UNARY")
+def _unary(node, s, p):
+    k = p.i(0)
+    name = UNARY_NAMES[k] if 0 <= k < len(UNARY_NAMES) else None
+    if name is None:
+        raise Unsupported(f"unknown unary sub-op {k}")
+    if name not in UNARY:
+        raise Unsupported(f"UNARY:{name}: {UNARY_NOT_COMPUTED[name]}")
+    return UNARY[name](s[0])
+
+
+@_reg("GLU")
+def _glu(node, s, p):
+    k = p.i(0)
+    name = GLU_NAMES[k] if 0 <= k < len(GLU_NAMES) else None
+    if name is None:
+        raise Unsupported(f"unknown glu sub-op {k}")
+    if name not in GLU:
+        raise Unsupported(f"GLU:{name}: {GLU_NOT_COMPUTED[name]}")
+    swapped = bool(p.i(1))
+    if name == "SWIGLU_OAI":
+        return GLU[name](s[0], s[1], p.f(2), p.f(3), swapped=swapped)
+    return GLU[name](s[0], s[1], swapped=swapped)
+
+
+def sub_op(op_name: str, p: Params) -> str:
+    """The node's full name for logs and counts: "UNARY:SILU", "GLU:SWIGLU", else the op's."""
+    names = {"UNARY": UNARY_NAMES, "GLU": GLU_NAMES}.get(op_name)
+    if names is None:
+        return op_name
+    k = p.i(0)
+    return f"{op_name}:{names[k] if 0 <= k < len(names) else k}"
+
+
+assert set(OPS) | NO_COMPUTE | set(NOT_COMPUTED) == set(OP_NAMES), set(OP_NAMES) - set(OPS) - NO_COMPUTE - set(NOT_COMPUTED)

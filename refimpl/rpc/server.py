@@ -1,0 +1,625 @@
+"""refimpl as a ggml backend: a server of ggml's RPC protocol 7.0.0 that computes graphs with refimpl's ops.
+
+    refimpl serve [--host 127.0.0.1] [--port 50052] [--backend numpy|numba] [--numerics exact|ggml|fast]
+                  [--mem BYTES] [--dump DIR] [--strict]
+
+    srv = Server(port=0).start()          # in-process, on a free port: srv.port
+    ...                                    # ggml clients (llama.cpp --rpc, test-backend-ops) connect
+    srv.stop()
+
+Each connection has its own buffers (ggml's rpc_server is per connection too); `--mem` bounds what all of
+them allocate together. A buffer is a NumPy byte array at a made-up base address; a tensor is a view of it
+built from ggml's `ne`/`nb` (QTensor for block types and BF16). GRAPH_COMPUTE runs each node with the
+refimpl op of the same name (`ggml_ops.OPS`) and writes its value into the node's own bytes, so views,
+views of views and in-place ops read and write the same memory as on ggml's CPU backend.
+
+The protocol has no error reply, and the client offloads every op. A node refimpl cannot compute is logged
+(op, sub-op, params, shapes in both orders) and filled with NaN, or with `strict=True` the connection is
+closed. A message that names memory outside its buffers, an unknown buffer or tensor, a size that does not
+match, or a count that cannot fit closes that connection only, before anything is read or written.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import ipaddress
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import ops
+from ..qtensor import QTensor, quantize
+from ..types import NUMPY_DTYPES, GGMLType, type_traits
+from . import ggml_ops
+from .protocol import (CONN_CAPS_SIZE, MAX_SRC, PROTO_VERSION, REQUEST_SIZE, RPC_TENSOR, SET_TENSOR_HEADER,
+                       TENSOR_SIZE, U8, U32, U64, Cmd, unpack_tensors)
+
+log = logging.getLogger("refimpl.rpc")
+
+ALIGNMENT = 32                # ggml-cpu's TENSOR_ALIGNMENT: what the client pads tensor offsets to
+MAX_GRAPH_NODES = 1 << 20     # more than any graph llama.cpp builds (its default cap is 8192 + 64 per layer)
+MAX_GRAPH_TENSORS = 1 << 21
+BODY_TIMEOUT_S = 60.0         # a message begun must arrive within this; idle between messages is unbounded
+
+# Wire types of ggml 0.25.3: refimpl's table plus Q2_0 (stored and moved, not computed); removed type ids have
+# block size 0 in ggml and are refused as ggml's own server refuses them.
+WIRE_TYPES: dict[int, tuple[str, int, int]] = {int(t): (tr.name, tr.blck_size, tr.type_size)
+                                                for t, tr in type_traits.items()}
+WIRE_TYPES[42] = ("q2_0", 64, 18)
+TYPE_COUNT = 43
+FLOAT_NAN = {"f32", "f16", "f64", "bf16"}
+
+
+class ProtocolError(Exception):
+    """A malformed or out-of-bounds message: the connection is closed."""
+
+
+class Refused(Exception):
+    """--strict: a node refimpl does not compute closes the connection."""
+
+
+def default_mem_limit() -> int:
+    """Three quarters of the memory available now (os.sysconf), at least 1 GiB."""
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        avail = 8 << 30
+    return max(1 << 30, int(avail * 0.75))
+
+
+@dataclasses.dataclass(eq=False)
+class Buffer:
+    id: int
+    base: int
+    size: int
+    mem: np.ndarray          # uint8, size bytes
+
+
+class Node:
+    """One deserialized rpc_tensor: ggml's fields plus its NumPy shape."""
+    __slots__ = ("id", "type", "tname", "blck", "tsize", "buffer", "ne", "nb", "op", "params", "flags", "src",
+                 "view_src", "view_offs", "data", "name", "shape", "nbytes")
+
+    @property
+    def op_name(self) -> str:
+        return ggml_ops.OP_NAMES[self.op] if self.op < len(ggml_ops.OP_NAMES) else f"op#{self.op}"
+
+    def describe(self) -> str:
+        return (f"{self.name or '?'} ({self.tname}, ne {self.ne} = numpy {self.shape}, nb {self.nb})")
+
+
+def nbytes(ne, nb, blck: int, tsize: int) -> int:
+    """ggml_nbytes: the bytes from a tensor's first element to the end of its last one."""
+    if any(n <= 0 for n in ne):
+        return 0
+    if blck == 1:
+        return tsize + sum((ne[i] - 1) * nb[i] for i in range(4))
+    return ne[0] * nb[0] // blck + sum((ne[i] - 1) * nb[i] for i in range(1, 4))
+
+
+class _Memory:
+    """Address space and byte budget shared by every connection of a server."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = int(limit), 0
+        self.lock = threading.Lock()
+        self.next_base = 0x10000000
+        self.next_id = 1
+
+    def alloc(self, size: int) -> Buffer | None:
+        with self.lock:
+            if size > self.limit - self.used:
+                return None
+            try:
+                mem = np.zeros(size, np.uint8)
+            except MemoryError:
+                return None
+            self.used += size
+            base = self.next_base
+            self.next_base += (size + 2 * 4096 - 1) // 4096 * 4096       # a guard page between buffers
+            bid, self.next_id = self.next_id * 0x9E3779B1 % (1 << 63) | 1, self.next_id + 1
+            return Buffer(bid, base, size, mem)
+
+    def free(self, buf: Buffer) -> None:
+        with self.lock:
+            self.used -= buf.size
+
+
+class Connection:
+    """One client: its buffers, its last graph, its counts. Runs in its own thread."""
+
+    def __init__(self, server: "Server", sock: socket.socket, peer):
+        self.server, self.sock, self.peer = server, sock, peer
+        self.buffers: dict[int, Buffer] = {}
+        self.graph = None                      # (nodes, tensors) of the last GRAPH_COMPUTE, for RECOMPUTE
+        self.computed: collections.Counter = collections.Counter()
+        self.refused: collections.Counter = collections.Counter()
+        self.logged: collections.Counter = collections.Counter()
+        self.dump_seq = 0
+
+    # -- socket --------------------------------------------------------------------------------------------
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        self._recv_into(memoryview(buf))
+        return bytes(buf)
+
+    def _recv_into(self, mv: memoryview) -> None:
+        got = 0
+        while got < len(mv):
+            k = self.sock.recv_into(mv[got:], min(len(mv) - got, 1 << 24))
+            if k == 0:
+                raise EOFError("peer closed the connection")
+            got += k
+
+    def _send(self, payload: bytes | memoryview) -> None:
+        self.sock.sendall(U64.pack(len(payload)))
+        if len(payload):
+            self.sock.sendall(payload)
+
+    # -- tensors ---------------------------------------------------------------------------------------------
+    def _node(self, row) -> Node:
+        t = int(row["type"])
+        if t >= TYPE_COUNT or t not in WIRE_TYPES:
+            raise ProtocolError(f"invalid tensor type {t}")
+        n = Node()
+        n.id, n.type = int(row["id"]), t
+        n.tname, n.blck, n.tsize = WIRE_TYPES[t]
+        n.ne = [int(x) for x in row["ne"]]
+        n.nb = [int(x) for x in row["nb"]]
+        n.op, n.flags = int(row["op"]), int(row["flags"])
+        n.params = ggml_ops.Params(row["op_params"])
+        n.src = [int(x) for x in row["src"]]
+        n.view_src, n.view_offs, n.data = int(row["view_src"]), int(row["view_offs"]), int(row["data"])
+        n.name = bytes(row["name"]).split(b"\0", 1)[0].decode("utf-8", "replace")
+        n.shape = tuple(n.ne[::-1])
+        if n.ne[0] % n.blck:
+            raise ProtocolError(f"tensor {n.name!r}: ne0 {n.ne[0]} is not a multiple of {n.tname}'s block "
+                                f"size {n.blck}")
+        n.nbytes = nbytes(n.ne, n.nb, n.blck, n.tsize)
+        b = self.buffers.get(int(row["buffer"]))
+        n.buffer = b
+        if b is not None:
+            if n.data < b.base or n.data + n.nbytes > b.base + b.size:
+                raise ProtocolError(f"tensor {n.describe()}: data 0x{n.data:x} + {n.nbytes} bytes is outside its "
+                                    f"buffer [0x{b.base:x}, 0x{b.base + b.size:x})")
+        return n
+
+    def _region(self, n: Node, offset: int, size: int) -> np.ndarray:
+        """The bytes [data + offset, data + offset + size) of n's buffer, checked as ggml-rpc checks them."""
+        b = n.buffer
+        if b is None:
+            raise ProtocolError(f"tensor {n.describe()} names no buffer of this connection")
+        start = n.data + offset - b.base
+        if start < 0 or start >= b.size or size > b.size - start:
+            raise ProtocolError(f"region offset {offset} size {size} of tensor {n.describe()} is outside its "
+                                f"buffer ({b.size} bytes)")
+        return b.mem[start:start + size]
+
+    def _view(self, n: Node):
+        """n's elements as a NumPy view of its buffer (QTensor for block types and BF16)."""
+        b = n.buffer
+        if b is None:
+            raise ggml_ops.Unsupported(f"tensor {n.describe()} has no buffer on this server")
+        off = n.data - b.base
+        t = GGMLType(n.type) if n.type in GGMLType._value2member_map_ else None
+        if t is not None and t in NUMPY_DTYPES:
+            dt = NUMPY_DTYPES[t]
+            if n.nbytes == 0:
+                return np.zeros(n.shape, dt)
+            return np.ndarray(n.shape, dt, buffer=b.mem, offset=off, strides=tuple(n.nb[::-1]))
+        if t is None or n.type == 42:
+            raise ggml_ops.Unsupported(f"type {n.tname} has no refimpl tensor")
+        if n.nb[0] != n.tsize:
+            raise ggml_ops.Unsupported(f"{n.tname} tensor with nb0 {n.nb[0]} (blocks not packed in a row)")
+        rb = n.ne[0] // n.blck * n.tsize
+        shape = n.shape[:-1] + (rb,)
+        if n.nbytes == 0:
+            return QTensor(t, np.zeros(shape, np.uint8), n.shape)
+        data = np.ndarray(shape, np.uint8, buffer=b.mem, offset=off, strides=tuple(n.nb[:0:-1]) + (1,))
+        return QTensor(t, data, n.shape)
+
+    def _store(self, n: Node, value) -> None:
+        dst = self._view(n)
+        if isinstance(dst, QTensor):
+            if not (isinstance(value, QTensor) and value.type == dst.type):
+                v = np.asarray(value, np.float32)
+                if v.size != int(np.prod(n.shape)):
+                    raise ggml_ops.Unsupported(f"result has {v.size} elements, the node {int(np.prod(n.shape))}")
+                value = quantize(v.reshape(n.shape), dst.type, method="cpu")
+            src = value.data
+            if src.size != dst.data.size:
+                raise ggml_ops.Unsupported(f"result has {src.size} bytes, the node {dst.data.size}")
+            dst.data[...] = src.reshape(dst.data.shape)
+            return
+        v = value.dequantize() if isinstance(value, QTensor) else np.asarray(value)
+        if v.size != dst.size:
+            raise ggml_ops.Unsupported(f"result has {v.size} elements (numpy {v.shape}), the node {dst.size}")
+        with np.errstate(all="ignore"):
+            dst[...] = v.reshape(dst.shape)
+
+    def _fill_nan(self, n: Node) -> None:
+        if n.buffer is None or n.nbytes == 0:
+            return
+        if n.tname in FLOAT_NAN and n.tname != "bf16":
+            self._view(n)[...] = np.nan
+        elif n.tname == "bf16":
+            self._view(n).data[...] = np.frombuffer(np.uint16(0x7FC0).tobytes(), np.uint8)[np.arange(
+                self._view(n).data.shape[-1]) % 2]
+        else:
+            self._region(n, 0, n.nbytes)[...] = 0xFF     # block scales 0xFFFF are f16 NaN; ints read -1
+
+    # -- graphs ----------------------------------------------------------------------------------------------
+    def _compute(self, nodes: list[Node], tensors: dict[int, Node]) -> None:
+        srv = self.server
+        with ops.backend(srv.backend), ops.numerics(srv.numerics):
+            for n in nodes:
+                if n is None:
+                    continue
+                name = ggml_ops.sub_op(n.op_name, n.params)
+                if n.op_name in ggml_ops.NO_COMPUTE:
+                    continue
+                if n.op_name == "NONE" or n.nbytes == 0:
+                    continue
+                try:
+                    handler = ggml_ops.OPS.get(n.op_name)
+                    if handler is None:
+                        raise ggml_ops.Unsupported(ggml_ops.NOT_COMPUTED.get(n.op_name, "unknown op"))
+                    srcs = [None if s == 0 else self._view(tensors[s]) for s in n.src]
+                    with np.errstate(all="ignore"):
+                        value = handler(n, srcs, n.params)
+                    self._store(n, value)
+                except Refused:
+                    raise
+                except Exception as e:                      # noqa: BLE001 -- any failure refuses this node only
+                    self._refuse(n, name, e, tensors)
+                    continue
+                self.computed[name] += 1
+                if srv.dump:
+                    self._dump(n, name, tensors)
+
+    def _refuse(self, n: Node, name: str, e: Exception, tensors: dict[int, Node]) -> None:
+        self.refused[name] += 1
+        srcs = "; ".join(f"src{i} {tensors[s].describe()}" for i, s in enumerate(n.src) if s and s in tensors)
+        msg = (f"not computed: {name} {n.describe()} op_params {n.params.w.tolist()} <- {srcs}: "
+               f"{type(e).__name__}: {e}")
+        if self.logged[name] < self.server.log_per_op:
+            log.warning("%s", msg)
+        self.logged[name] += 1
+        if self.server.strict:
+            raise Refused(msg)
+        try:
+            self._fill_nan(n)
+        except Exception:                                   # noqa: BLE001 -- nothing writable: leave the bytes
+            pass
+
+    def _dump(self, n: Node, name: str, tensors) -> None:
+        d = Path(self.server.dump)
+        self.dump_seq += 1
+        try:
+            v = self._view(n)
+            arr = v.dequantize() if isinstance(v, QTensor) else np.array(v)
+        except ggml_ops.Unsupported:
+            return
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in (n.name or name))
+        fname = f"{self.dump_seq:06d}-{safe}.npy"
+        np.save(d / fname, arr)
+        with open(d / "index.jsonl", "a") as f:
+            f.write(json.dumps({"seq": self.dump_seq, "name": n.name, "op": name, "type": n.tname, "ne": n.ne,
+                                "shape": list(n.shape), "file": fname}) + "\n")
+
+    def _graph_compute(self, size: int) -> None:
+        if size < 8:
+            raise ProtocolError(f"GRAPH_COMPUTE of {size} bytes")
+        device, n_nodes = U32.unpack(self._recv_exact(4))[0], U32.unpack(self._recv_exact(4))[0]
+        if device != 0:
+            raise ProtocolError(f"GRAPH_COMPUTE for device {device}; this server has one device")
+        if n_nodes > MAX_GRAPH_NODES or size < 8 + 8 * n_nodes + 4:
+            raise ProtocolError(f"GRAPH_COMPUTE of {size} bytes cannot hold {n_nodes} nodes")
+        ids = np.frombuffer(self._recv_exact(8 * n_nodes), "<u8")
+        n_tensors = U32.unpack(self._recv_exact(4))[0]
+        need = 8 + 8 * n_nodes + 4 + TENSOR_SIZE * n_tensors
+        if n_tensors > MAX_GRAPH_TENSORS or size < need or size - need > (1 << 20):
+            raise ProtocolError(f"GRAPH_COMPUTE of {size} bytes for {n_nodes} nodes and {n_tensors} tensors "
+                                f"(needs {need})")
+        raw = self._recv_exact(TENSOR_SIZE * n_tensors)
+        if size > need:
+            self._recv_exact(size - need)
+        rows = unpack_tensors(raw, n_tensors)
+        tensors: dict[int, Node] = {}
+        for r in rows:
+            nd = self._node(r)
+            if nd.buffer is None and nd.data != 0:
+                raise ProtocolError(f"tensor {nd.describe()}: data pointer without a buffer of this connection")
+            tensors[nd.id] = nd
+        for nd in tensors.values():                     # ggml's create_node: every reference must resolve
+            for s in nd.src + [nd.view_src]:
+                if s and s not in tensors:
+                    raise ProtocolError(f"tensor {nd.describe()} names source id 0x{s:x} that the graph lacks")
+        nodes = []
+        for i in ids.tolist():
+            if i == 0:
+                nodes.append(None)
+                continue
+            if i not in tensors:
+                raise ProtocolError(f"graph node id 0x{i:x} is not among the graph's tensors")
+            nodes.append(tensors[i])
+        self.graph = (nodes, tensors)
+        self._compute(nodes, tensors)
+
+    # -- the command loop ----------------------------------------------------------------------------------
+    def serve(self) -> None:
+        srv = self.server
+        try:
+            cmd = self._recv_exact(1)[0]
+            if cmd != Cmd.HELLO:
+                raise ProtocolError(f"expected HELLO, got command {cmd}")
+            self.sock.settimeout(BODY_TIMEOUT_S)
+            size = U64.unpack(self._recv_exact(8))[0]
+            if size != CONN_CAPS_SIZE:
+                raise ProtocolError(f"HELLO of {size} bytes (protocol 7 sends {CONN_CAPS_SIZE}); client too old?")
+            self._recv_exact(size)
+            self._send(bytes(PROTO_VERSION) + b"\0" + bytes(CONN_CAPS_SIZE))
+            while not srv._stopping.is_set():
+                self.sock.settimeout(None)
+                try:
+                    head = self.sock.recv(1)
+                except OSError:
+                    break
+                if not head:
+                    break
+                self.sock.settimeout(BODY_TIMEOUT_S)
+                self._command(head[0])
+        except (EOFError, ConnectionError, socket.timeout) as e:
+            log.info("connection %s ended: %s", self.peer, e)
+        except ProtocolError as e:
+            log.error("connection %s: bad message, closing: %s", self.peer, e)
+        except Refused as e:
+            log.error("connection %s: --strict, closing: %s", self.peer, e)
+        except Exception as e:                                      # noqa: BLE001 -- never take the server down
+            log.exception("connection %s: internal error, closing: %s", self.peer, e)
+        finally:
+            self._close()
+
+    def _command(self, cmd: int) -> None:
+        if cmd >= Cmd.COUNT or cmd in (Cmd.NONE, Cmd.HELLO):
+            raise ProtocolError(f"unknown or out-of-place command {cmd}")
+        cmd = Cmd(cmd)
+        size = U64.unpack(self._recv_exact(8))[0]
+        if cmd == Cmd.SET_TENSOR:
+            return self._set_tensor(size)
+        if cmd == Cmd.GRAPH_COMPUTE:
+            return self._graph_compute(size)
+        want = REQUEST_SIZE[cmd]
+        if size != want:
+            raise ProtocolError(f"{cmd.name} of {size} bytes, expected {want}")
+        req = self._recv_exact(size)
+        getattr(self, "_" + cmd.name.lower())(req)
+
+    def _device(self, req: bytes) -> None:
+        d = U32.unpack_from(req)[0]
+        if d != 0:
+            raise ProtocolError(f"device {d}; this server has one device")
+
+    def _device_count(self, req):
+        self._send(U32.pack(1))
+
+    def _alloc_buffer(self, req):
+        self._device(req)
+        size = U64.unpack_from(req, 4)[0]
+        buf = self.server.memory.alloc(size)
+        if buf is None:
+            log.warning("connection %s: ALLOC_BUFFER of %d bytes refused (--mem %d, %d in use)", self.peer, size,
+                        self.server.memory.limit, self.server.memory.used)
+            self._send(U64.pack(0) + U64.pack(0))
+            return
+        self.buffers[buf.id] = buf
+        self._send(U64.pack(buf.id) + U64.pack(buf.size))
+
+    def _get_alignment(self, req):
+        self._device(req)
+        self._send(U64.pack(ALIGNMENT))
+
+    def _get_max_size(self, req):
+        self._device(req)
+        self._send(U64.pack(self.server.memory.limit))
+
+    def _buffer(self, bid: int) -> Buffer:
+        b = self.buffers.get(bid)
+        if b is None:
+            raise ProtocolError(f"buffer 0x{bid:x} is not one of this connection's")
+        return b
+
+    def _buffer_get_base(self, req):
+        self._send(U64.pack(self._buffer(U64.unpack(req)[0]).base))
+
+    def _free_buffer(self, req):
+        b = self._buffer(U64.unpack(req)[0])
+        del self.buffers[b.id]
+        self.server.memory.free(b)
+        self.graph = None
+
+    def _buffer_clear(self, req):
+        self._buffer(U64.unpack_from(req)[0]).mem[...] = req[8]
+
+    def _tensor(self, req: bytes, offset: int = 0) -> Node:
+        return self._node(unpack_tensors(req, 1, offset)[0])
+
+    def _memset_tensor(self, req):
+        n = self._tensor(req)
+        offset, size = U64.unpack_from(req, TENSOR_SIZE)[0], U64.unpack_from(req, TENSOR_SIZE + 8)[0]
+        if offset > n.nbytes or size > n.nbytes - offset:
+            raise ProtocolError(f"MEMSET_TENSOR offset {offset} size {size} outside tensor {n.describe()} "
+                                f"({n.nbytes} bytes)")
+        self._region(n, offset, size)[...] = req[TENSOR_SIZE + 16]
+
+    def _set_tensor(self, size: int) -> None:
+        if size < SET_TENSOR_HEADER:
+            raise ProtocolError(f"SET_TENSOR of {size} bytes (header {SET_TENSOR_HEADER})")
+        head = self._recv_exact(SET_TENSOR_HEADER)
+        n = self._tensor(head)
+        offset = U64.unpack_from(head, TENSOR_SIZE + 1)[0]
+        region = self._region(n, offset, size - SET_TENSOR_HEADER)     # checked before a byte is read
+        self._recv_into(memoryview(region))
+
+    def _set_tensor_hash(self, req):
+        self._tensor(req)
+        self._send(U8.pack(0))                       # no blob cache: the client sends the bytes
+
+    def _init_tensor(self, req):
+        self._tensor(req)
+
+    def _get_tensor(self, req):
+        n = self._tensor(req)
+        offset, size = U64.unpack_from(req, TENSOR_SIZE)[0], U64.unpack_from(req, TENSOR_SIZE + 8)[0]
+        self._send(memoryview(self._region(n, offset, size)))
+
+    def _copy_tensor(self, req):
+        src, dst = self._tensor(req), self._tensor(req, TENSOR_SIZE)
+        if src.buffer is None or dst.buffer is None:
+            raise ProtocolError("COPY_TENSOR between tensors without buffers of this connection")
+        data = self._region(src, 0, src.nbytes).copy()
+        self._region(dst, 0, src.nbytes)[...] = data
+        self._send(U8.pack(1))
+
+    def _graph_recompute(self, req):
+        self._device(req)
+        if self.graph is None:
+            raise ProtocolError("GRAPH_RECOMPUTE without a stored graph")
+        self._compute(*self.graph)
+
+    def _get_device_memory(self, req):
+        self._device(req)
+        m = self.server.memory
+        self._send(U64.pack(max(0, m.limit - m.used)) + U64.pack(m.limit))
+
+    def _get_alloc_size(self, req):
+        self._device(req)
+        n = self._tensor(req, 4)
+        self._send(U64.pack(n.nbytes))
+
+    def _close(self) -> None:
+        for b in self.buffers.values():
+            self.server.memory.free(b)
+        self.buffers.clear()
+        self.graph = None
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        total_c, total_r = sum(self.computed.values()), sum(self.refused.values())
+        per_op = ", ".join(f"{k} {v}" for k, v in sorted(self.computed.items()))
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(self.refused.items()))
+        log.info("connection %s closed: %d nodes computed (%s); %d refused (%s)", self.peer, total_c,
+                 per_op or "-", total_r, refused or "-")
+        self.server._connection_done(self)
+
+
+class Server:
+    """The RPC server. `start()` listens and serves in background threads; `serve_forever()` blocks."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 50052, *, backend: str = "numpy",
+                 numerics: str = "exact", mem: int | None = None, dump: str | os.PathLike | None = None,
+                 strict: bool = False, log_per_op: int = 5):
+        if backend not in ("numpy", "numba"):
+            raise ValueError(f"--backend must be numpy or numba, got {backend!r}")
+        if numerics not in ("exact", "ggml", "fast"):
+            raise ValueError(f"--numerics must be exact, ggml or fast, got {numerics!r}")
+        self.host, self.port, self.backend, self.numerics = host, int(port), backend, numerics
+        self.memory = _Memory(default_mem_limit() if mem is None else int(mem))
+        self.dump = None if dump is None else str(dump)
+        if self.dump:
+            Path(self.dump).mkdir(parents=True, exist_ok=True)
+        self.strict, self.log_per_op = strict, log_per_op
+        self._stopping = threading.Event()
+        self._sock: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self.connections: set[Connection] = set()
+        self.finished: list[Connection] = []      # closed connections, with their counts (for tests and stats)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def is_loopback(host: str) -> bool:
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    def start(self) -> "Server":
+        if not self.is_loopback(self.host):
+            log.warning("listening on %s, which is not a loopback address: ggml's RPC protocol has no "
+                        "authentication, anyone who reaches this port can read and write its memory", self.host)
+        fam = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        s = socket.socket(fam, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((self.host, self.port))
+        s.listen(16)
+        s.settimeout(0.2)
+        self._sock = s
+        self.port = s.getsockname()[1]
+        t = threading.Thread(target=self._accept_loop, name="refimpl-rpc-accept", daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, peer = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(self, sock, f"{peer[0]}:{peer[1]}")
+            with self._lock:
+                self.connections.add(conn)
+            log.info("accepted connection %s", conn.peer)
+            t = threading.Thread(target=conn.serve, name=f"refimpl-rpc-{conn.peer}", daemon=True)
+            t.start()
+
+    def _connection_done(self, conn: Connection) -> None:
+        with self._lock:
+            self.connections.discard(conn)
+            self.finished.append(conn)
+
+    def serve_forever(self) -> None:
+        if self._sock is None:
+            self.start()
+        print(f"listening on {self.host}:{self.port}", flush=True)
+        try:
+            while not self._stopping.wait(0.5):
+                pass
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        with self._lock:
+            conns = list(self.connections)
+        for c in conns:
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while self.connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
