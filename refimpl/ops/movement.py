@@ -223,7 +223,8 @@ def set_rows(a, b: np.ndarray, c: np.ndarray):
 
     a    ne [E, R, n2, n3]   numpy (n3, n2, R, E)   any type with a CPU from_float (f32/f16/bf16/i32 and
                                                     the block types but IQ1/IQ2/IQ3), e.g. the KV cache
-    b    ne [E, n, n2, n3]   numpy (n3, n2, n, E)   f32, the new rows (e.g. K of n_tokens new tokens)
+    b    ne [E, n, n2, n3]   numpy (n3, n2, n, E)   f32 (or f16, which ggml 0.25.3 accepts: widened exactly
+                                                    to f32 first), the new rows (e.g. K of n_tokens new tokens)
     c    ne [n, c2, c3]      numpy (c3, c2, n)      i64 or i32 row indices; n2 % c2 == 0, n3 % c3 == 0
     out  a's shape and type: a copy of a with the rows replaced (ggml writes into a and returns a view of
          it; refimpl leaves a untouched and returns the new tensor)
@@ -245,8 +246,10 @@ def set_rows(a, b: np.ndarray, c: np.ndarray):
         fail("set_rows", "need a [E, R, n2, n3], b [E, n, n2, n3], c [n, c2, c3]", a=a, b=b, c=c)
     if nc[1] == 0 or nc[2] == 0 or nb[2] % nc[1] or nb[3] % nc[2]:
         fail("set_rows", "c's dims 1, 2 must divide b's dims 2, 3 (c is tiled)", a=a, b=b, c=c)
-    if b.dtype != np.float32:
-        fail("set_rows", f"b must be f32, got {b.dtype}", a=a, b=b)
+    if b.dtype not in (np.float32, np.float16):
+        fail("set_rows", f"b must be f32 or f16, got {b.dtype}", a=a, b=b)
+    if b.dtype == np.float16:                 # ggml 0.25.3 takes f16 rows: widened exactly, then as f32
+        b = b.astype(np.float32)
     if c.dtype not in (np.int64, np.int32):
         fail("set_rows", f"indices must be i64 or i32, got {c.dtype}", a=a, c=c)
     if t not in CPU_FROM_FLOAT:

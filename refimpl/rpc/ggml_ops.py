@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .. import ops
+from ..ops.faithful import llamafile
 from ..qtensor import QTensor
 
 # enum ggml_op, ggml 0.25.3 (GGML_OP_COUNT == 101)
@@ -114,7 +115,7 @@ def _reg(*names):
 # -- element-wise and reductions --------------------------------------------------------------------------
 for _name, _fn in (("ADD", ops.add), ("SUB", ops.sub), ("MUL", ops.mul), ("DIV", ops.div), ("ADD1", ops.add1),
                    ("SILU_BACK", ops.silu_back), ("COUNT_EQUAL", ops.count_equal),
-                   ("OUT_PROD", ops.out_prod), ("MUL_MAT", ops.mul_mat)):
+                   ("OUT_PROD", ops.out_prod)):
     OPS[_name] = (lambda f: lambda node, s, p: f(s[0], s[1]))(_fn)
 for _name, _fn in (("SQR", ops.sqr), ("SQRT", ops.sqrt), ("LOG", ops.log), ("SIN", ops.sin), ("COS", ops.cos),
                    ("SUM", ops.sum), ("SUM_ROWS", ops.sum_rows), ("MEAN", ops.mean), ("CUMSUM", ops.cumsum),
@@ -214,6 +215,15 @@ def _l2_norm(node, s, p):
 
 
 # -- products -----------------------------------------------------------------------------------------------
+@_reg("MUL_MAT")
+def _mul_mat(node, s, p):
+    # llama.cpp's builds (and test-backend-ops') compile llamafile's sgemm: under numerics="ggml" an F32/F16
+    # product takes tinyBLAS's order where that build would (refimpl.ops.faithful.llamafile)
+    if ops.current_numerics() == "ggml":
+        return llamafile.mul_mat(s[0], s[1])
+    return ops.mul_mat(s[0], s[1])
+
+
 @_reg("MUL_MAT_ID")
 def _mul_mat_id(node, s, p):
     return ops.mul_mat_id(_rank(s[0], 3), _rank(s[1], 3), _rank(s[2], 2))

@@ -54,6 +54,7 @@ WIRE_TYPES: dict[int, tuple[str, int, int]] = {int(t): (tr.name, tr.blck_size, t
 WIRE_TYPES[42] = ("q2_0", 64, 18)
 TYPE_COUNT = 43
 FLOAT_NAN = {"f32", "f16", "f64", "bf16"}
+_NUMPY_IDS = {int(t) for t in NUMPY_DTYPES}
 
 
 class ProtocolError(Exception):
@@ -201,8 +202,9 @@ class Connection:
                                 f"buffer ({b.size} bytes)")
         return b.mem[start:start + size]
 
-    def _view(self, n: Node):
-        """n's elements as a NumPy view of its buffer (QTensor for block types and BF16)."""
+    def _view(self, n: Node, write: bool = False):
+        """n's elements as a NumPy view of its buffer (QTensor for block types and BF16; a permuted BF16
+        source comes as a packed copy, so `write` views must be packed)."""
         b = n.buffer
         if b is None:
             raise ggml_ops.Unsupported(f"tensor {n.describe()} has no buffer on this server")
@@ -215,6 +217,11 @@ class Connection:
             return np.ndarray(n.shape, dt, buffer=b.mem, offset=off, strides=tuple(n.nb[::-1]))
         if t is None or n.type == 42:
             raise ggml_ops.Unsupported(f"type {n.tname} has no refimpl tensor")
+        if n.nb[0] != n.tsize and n.blck == 1 and not write:
+            # an element type refimpl holds as QTensor (bf16) in a permuted view: its values, packed
+            el = np.ndarray(n.shape, np.dtype(f"<u{n.tsize}"), buffer=b.mem, offset=off, strides=tuple(n.nb[::-1]))
+            packed = np.ascontiguousarray(el).view(np.uint8).reshape(n.shape[:-1] + (n.shape[-1] * n.tsize,))
+            return QTensor(t, packed, n.shape)
         if n.nb[0] != n.tsize:
             raise ggml_ops.Unsupported(f"{n.tname} tensor with nb0 {n.nb[0]} (blocks not packed in a row)")
         rb = n.ne[0] // n.blck * n.tsize
@@ -225,7 +232,16 @@ class Connection:
         return QTensor(t, data, n.shape)
 
     def _store(self, n: Node, value) -> None:
-        dst = self._view(n)
+        if n.blck == 1 and n.nb[0] != n.tsize and n.type not in _NUMPY_IDS:
+            # a permuted bf16 destination: convert to packed bytes, then write element by element
+            b = n.buffer
+            el = np.ndarray(n.shape, np.dtype(f"<u{n.tsize}"), buffer=b.mem, offset=n.data - b.base,
+                            strides=tuple(n.nb[::-1]))
+            v = value if isinstance(value, QTensor) and value.type == n.type else quantize(
+                np.asarray(value, np.float32).reshape(n.shape), GGMLType(n.type), method="cpu")
+            el[...] = np.ascontiguousarray(v.data).view(el.dtype).reshape(n.shape)
+            return
+        dst = self._view(n, write=True)
         if isinstance(dst, QTensor):
             if not (isinstance(value, QTensor) and value.type == dst.type):
                 v = np.asarray(value, np.float32)
