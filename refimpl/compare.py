@@ -594,6 +594,71 @@ def compare(model_path, prompt=None, *, numerics: str = "exact", tokens=None, n_
     return rows
 
 
+def read_dump(directory) -> dict:
+    """A `refimpl serve --dump DIR` directory as {node name: the last value computed under that name}."""
+    import json
+    from pathlib import Path
+    d = Path(directory)
+    out: dict = {}
+    index = d / "index.jsonl"
+    if not index.exists():
+        raise ValueError(f"{d}: no index.jsonl (not a refimpl serve --dump directory)")
+    for line in index.read_text().splitlines():
+        rec = json.loads(line)
+        if _wanted(rec["name"]):
+            out[rec["name"]] = d / rec["file"]
+    return {k: np.load(v, allow_pickle=False) for k, v in out.items()}
+
+
+def gguf_weight_type(model_path) -> str:
+    """The ggml type name of a GGUF's first FFN output weight (blk.0.ffn_down.weight), else its commonest."""
+    import collections
+    from . import gguf
+    from .types import traits
+    f = gguf.load(model_path)
+    t = f.tensors.get("blk.0.ffn_down.weight")
+    if t is None:
+        t = collections.Counter(getattr(x, "type", None) for x in f.tensors.values()).most_common(1)[0][0]
+        return traits(t).name.lower() if t is not None else "f32"
+    return traits(getattr(t, "type", "f32")).name.lower() if hasattr(t, "type") else "f32"
+
+
+def compare_served(model_path, tokens, *, numerics: str = "exact", backend: str = "numpy", n_ctx: int = 512,
+                   n_threads: int = 2, max_budget: float | None = None, dump=None) -> list[Row]:
+    """llama.cpp with every layer offloaded to refimpl's RPC server (`refimpl serve --dump`) against the same
+    llama.cpp on its CPU backend, node by node: one Row per tensor name both graphs compute, in llama.cpp's
+    order, then the logits. No refimpl model code runs: the served side computes the graph llama.cpp sends,
+    so any architecture llama.cpp knows can be lined up. Under numerics="ggml" the budget is 0 (the same
+    bits) and llama.cpp's CPU side runs one thread (ggml-cpu is not run-to-run deterministic at two on some
+    architectures). dump: keep the served nodes in this directory (default: a temporary one)."""
+    import tempfile
+    from .rpc import Server
+    tokens = [int(t) for t in tokens]
+    with tempfile.TemporaryDirectory(prefix="refimpl-served-") as tmp:
+        d = str(dump or tmp)
+        with Server("127.0.0.1", 0, backend=backend, numerics=numerics, dump=d) as srv:
+            served = run_llama_cpp(model_path, tokens, n_ctx=max(n_ctx, len(tokens)), capture=False,
+                                   rpc=f"127.0.0.1:{srv.port}")
+        ours = read_dump(d)
+    ref = run_llama_cpp(model_path, tokens, n_ctx=max(n_ctx, len(tokens)),
+                        n_threads=1 if numerics == "ggml" else n_threads)
+    if max_budget is not None:
+        bud = float(max_budget)
+    else:
+        bud = 0.0 if numerics == "ggml" else budget(gguf_weight_type(model_path), numerics)
+    rows = []
+    for name in ref.order:
+        if name not in ours:
+            continue
+        theirs, note = _align(np.asarray(ours[name]), ref.tensors[name])
+        if theirs is None:
+            rows.append(Row(name, tuple(np.shape(ours[name])), math.nan, math.nan, bud, True, note))
+            continue
+        rows.append(_row(name, ours[name], theirs, bud, note))
+    rows.append(_row("result_output", served.logits, ref.logits, bud, "logits"))
+    return rows
+
+
 # -- one op against ggml-python --------------------------------------------------------------------------
 
 def _drawn_cases(op: str, n: int, seed: int) -> list:
@@ -741,6 +806,10 @@ def add_parser(sub, add_model_options) -> None:
     s.add_argument("--n-ctx", type=int, default=512, help="llama.cpp's context size (default 512)")
     s.add_argument("--cpp-threads", type=int, default=2, help="llama.cpp's threads (default 2)")
     s.add_argument("--budget", type=float, default=None, help="NMSE budget per tensor instead of the table's")
+    s.add_argument("--served", action="store_true", help="run llama.cpp offloaded to refimpl's RPC server "
+                   "(refimpl serve) instead of refimpl's own model code, and line its nodes up against llama.cpp "
+                   "on the CPU: works for every architecture llama.cpp knows")
+    s.add_argument("--dump", metavar="DIR", help="--served: keep the served nodes in DIR (refimpl serve --dump)")
     add_model_options(s)
     s.set_defaults(fn=cli)
 
@@ -765,10 +834,21 @@ def cli(args) -> int:
             if getattr(args, "backend", None) and mode != "ggml":
                 from . import backend
                 ctx.enter_context(backend(args.backend))
-            with ctx:
-                rows = compare(args.model, args.prompt, numerics=mode, tokens=toks, n_ctx=args.n_ctx,
-                               n_threads=args.cpp_threads, max_budget=args.budget)
-            title = f"{args.model}: refimpl (numerics={mode}) vs llama.cpp"
+            if args.served:
+                if toks is None:
+                    from . import gguf
+                    from .tokenizer import from_gguf
+                    toks = from_gguf(gguf.load(args.model)).encode(args.prompt, add_special=True)
+                be = getattr(args, "backend", None) or "numpy"
+                rows = compare_served(args.model, toks, numerics=mode, backend="numpy" if mode == "ggml" else be,
+                                      n_ctx=args.n_ctx, n_threads=args.cpp_threads, max_budget=args.budget,
+                                      dump=args.dump)
+                title = f"{args.model}: llama.cpp on refimpl serve (numerics={mode}) vs llama.cpp on its CPU"
+            else:
+                with ctx:
+                    rows = compare(args.model, args.prompt, numerics=mode, tokens=toks, n_ctx=args.n_ctx,
+                                   n_threads=args.cpp_threads, max_budget=args.budget)
+                title = f"{args.model}: refimpl (numerics={mode}) vs llama.cpp"
     except (ValueError, KeyError, ImportError) as e:
         print(f"refimpl compare: {e}", file=sys.stderr)
         return 2
