@@ -683,8 +683,9 @@ def _cmd_serve(args) -> int:
 
     from .ops import current_backend
     from .rpc import Server
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="refimpl serve: %(message)s")
+    import os
+    level = logging.DEBUG if os.environ.get("REFIMPL_RPC_DEBUG") else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="refimpl serve: %(message)s")
     try:
         srv = Server(args.host, args.port, backend=args.backend or current_backend(), numerics=args.numerics,
                      mem=args.mem, dump=args.dump, strict=args.strict)

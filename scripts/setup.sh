@@ -19,8 +19,11 @@ if [ ! -f "$stamp" ]; then
     # built from its sdist with the flags above, never from a wheel cached from another build
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir --no-binary ggml-python ggml-python==0.0.45
   fi
-  if [ "$need_ggml" = 1 ] && ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+  # llama-cpp-python with its RPC backend (refimpl serve's client; tests/rpc): rebuilt if an older build lacks it
+  if [ "$need_ggml" = 1 ] && ! .venv/bin/python -c "import llama_cpp, os, sys; \
+sys.exit(not os.path.exists(os.path.join(os.path.dirname(llama_cpp.__file__), 'lib', 'libggml-rpc.so.0')))" 2>/dev/null; then
     # llama.cpp for refimpl compare and its tests: the same portable profile, AMX off (its AMX paths crash here)
+    .venv/bin/python -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
     CMAKE_ARGS="$CMAKE_ARGS -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_LLAMAFILE=ON -DGGML_RPC=ON \
 -DLLAMA_BUILD_EXAMPLES=OFF" .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir \
       --no-binary llama-cpp-python llama-cpp-python==0.3.36

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test,tokenizers,numba,notebooks,docs,mkl || exit 1
 .venv/bin/refimpl fetch smollm2 >/dev/null || exit 1
 .venv/bin/refimpl fetch minilm >/dev/null || exit 1
+.venv/bin/refimpl fetch gemma3 >/dev/null || exit 1
+# llama.cpp's test-backend-ops, test-llama-archs and ggml-rpc-server (ggml 0.25.3, RPC on), cached outside the repo
+bash scripts/build_llamacpp.sh >/dev/null || exit 1
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 if [ "$#" -gt 0 ]; then
   .venv/bin/python -m pytest "$@"

@@ -42,7 +42,7 @@ def classify(c: dict) -> str:
         return "cpu_unsupported"
     if c["passed"] in ("1", "true", "yes"):
         return "passed"
-    if re.search(r"RPC\d+\[[^\]]*\]=nan", c["detail"]):
+    if re.search(r"RPC\d+\[[^\]]*\]=-?nan", c["detail"]):
         return "not_computed"
     return "failed"
 

@@ -789,16 +789,19 @@ for _f in (reglu, geglu, swiglu, geglu_erf, geglu_quick, swiglu_oai):
 def scale(a, s: float, b: float = 0.0):
     """ggml_scale(a, s) / ggml_scale_bias(a, s, b): multiply by a scalar, optionally add a scalar.
 
-    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32, contiguous
-    out  a's shape, f32
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32, or bf16 (ggml 0.25.3), contiguous
+    out  a's shape and type
 
         out = a * s           if b == 0
         out = fma(a, s, b)    otherwise (one rounding: ggml-cpu's vector body and GCC's scalar tail are FMAs)
+
+    bf16 (ggml 0.25.3's scale_bf16): the f32 result above, rounded once to bf16.
     """
-    x, _ = _load("scale", a, ("f32",))
+    x, t = _load("scale", a, ("f32", "bf16"))
     _check_layout("scale", "contiguous", a=a)
     with np.errstate(all="ignore"):
-        return x * f32(s) if f32(b) == 0 else _fma(x, f32(s), f32(b))
+        y = x * f32(s) if f32(b) == 0 else _fma(x, f32(s), f32(b))
+    return y if t == "f32" else _store(y, t)
 
 
 @op("clamp")

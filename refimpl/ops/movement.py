@@ -254,6 +254,8 @@ def set_rows(a, b: np.ndarray, c: np.ndarray):
         fail("set_rows", f"indices must be i64 or i32, got {c.dtype}", a=a, c=c)
     if t not in CPU_FROM_FLOAT:
         fail("set_rows", f"ggml-cpu has no from_float for {_tname(t)}", a=a)
+    if b.size == 0:                           # no rows to write: a as it is
+        return a.copy() if not isinstance(a, QTensor) else QTensor(a.type, np.array(a.data), a.shape)
     if not _rows_contiguous(a) or not _rows_contiguous(b):
         fail("set_rows", "a and b need contiguous rows (nb0 == type size)", a=a, b=b)
     R = na[1]
@@ -604,8 +606,9 @@ def concat(a, b, dim: int):
 
         dim 0: along the rows (last NumPy axis), dim 1: NumPy axis -2, ... dim 3: NumPy axis -4
 
-    The result has max(a.ndim, b.ndim, dim + 1) axes. Block types are rejected: ggml-cpu's generic
-    concat copies type_size bytes per element index, which is wrong for blocks of more than one element.
+    The result has max(a.ndim, b.ndim, dim + 1) axes. Block types (ggml 0.25.3): rows are joined as raw
+    blocks, along dim 0 by whole blocks (ggml 0.15.3's generic concat copied type_size bytes per element index,
+    wrong for blocks of more than one element; 0.25.3 copies whole rows).
     """
     a, b = _arr(a), _arr(b)
     ta, tb = _type("concat", a), _type("concat", b)
@@ -613,11 +616,17 @@ def concat(a, b, dim: int):
         fail("concat", f"dim {dim} must be 0..3 (a ggml dim)", a=a, b=b)
     if ta != tb:
         fail("concat", "a and b must have the same type", a=a, b=b)
-    if traits(ta).blck_size != 1:
-        fail("concat", f"ggml-cpu concat copies single elements; {_tname(ta)} is a block type", a=a, b=b)
     na, nb = ne4(a.shape), ne4(b.shape)
     if any(na[d] != nb[d] for d in range(4) if d != dim):
         fail("concat", f"a and b must agree on every dim but {dim}", a=a, b=b)
+    if isinstance(a, QTensor) and traits(ta).blck_size != 1:
+        # ggml 0.25.3 joins block rows as bytes (dim 0: whole blocks, ne0 a multiple of the block size)
+        da, db = (x.data.reshape(tuple(ne4(x.shape)[1:][::-1]) + (x.data.shape[-1],)) for x in (a, b))
+        data = np.concatenate([da, db], axis=3 - dim)
+        shape = list(na)
+        shape[dim] += nb[dim]
+        nd = max(a.ndim, b.ndim, dim + 1)
+        return QTensor(ta, data.reshape(tuple(shape[::-1][4 - nd:-1]) + (data.shape[-1],)), tuple(shape[::-1][4 - nd:]))
     out = np.concatenate([as4(_elems(a)), as4(_elems(b))], axis=3 - dim)
     return _like(_trim(out, max(a.ndim, b.ndim, dim + 1)), ta)
 

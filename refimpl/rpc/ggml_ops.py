@@ -7,8 +7,9 @@ way ggml 0.25.3's constructor in `ggml.c` wrote them and calls the refimpl op of
 checks them against the vendored `ggml.h`), so a client of another version fails loudly instead of
 computing the wrong op.
 
-Sources come as NumPy views of the server's buffers (4-D, NumPy order: ne reversed) or as QTensor views
-for block types and BF16; a handler returns the node's value (any layout with the node's element count)
+Sources come as NumPy views of the server's buffers (NumPy order: ne reversed, leading size-1 axes dropped
+down to two, so a decode's activation row is (1, n_embd) as in refimpl's models and the kernels' decode paths
+apply) or as QTensor views for block types and BF16; a handler returns the node's value (any layout with the node's element count)
 and the server converts it to the node's type and writes it into the node's bytes.
 """
 from __future__ import annotations
@@ -85,13 +86,21 @@ class Params:
 
 
 def _rank(x, n: int):
-    """x with its leading (NumPy) size-1 axes dropped down to n axes: ggml's 4-D tensor as the op's rank."""
+    """x as n NumPy axes: leading size-1 axes dropped, or added, to reach n (ggml's tensor as the op's rank)."""
     shape = x.shape
     while len(shape) > n and shape[0] == 1:
         shape = shape[1:]
-    if len(shape) != len(x.shape):
-        x = x.reshape(shape) if isinstance(x, QTensor) else x.reshape(shape)
-    return x
+    if len(shape) < n:
+        shape = (1,) * (n - len(shape)) + tuple(shape)
+    return x.reshape(shape) if tuple(shape) != tuple(x.shape) else x
+
+
+def squeeze(x, least: int = 2):
+    """x without its leading (NumPy) size-1 axes, keeping at least `least` axes: the same ggml tensor."""
+    k = 0
+    while x.ndim - k > least and x.shape[k] == 1:
+        k += 1
+    return x.reshape(x.shape[k:]) if k else x
 
 
 def _f32(x):
@@ -252,7 +261,8 @@ def _get_rows(node, s, p):
 
 @_reg("GET_ROWS_BACK")
 def _get_rows_back(node, s, p):
-    return ops.get_rows_back(s[0], _rank(s[1], 1), s[2])
+    # ggml_get_rows_back(a, b, c): c only gives the result's shape and is not a source
+    return ops.get_rows_back(_rank(s[0], 2), _rank(s[1], 1), _rank(np.empty(node.shape, np.float32), 2).shape)
 
 
 @_reg("SET_ROWS")
@@ -333,14 +343,17 @@ def _rope(node, s, p, back: bool):
     x, pos, ff = s[0], _rank(s[1], 1), None if s[2] is None else _rank(s[2], 1)
     n_offs = p.i(15)
     if kw["mode"] & ROPE_TYPE_MROPE:
-        if n_offs:
-            raise Unsupported(f"rope n_offs {n_offs} with an M-RoPE mode")
         sections = [p.i(11 + k) for k in range(4)]
-        f = ops.rope_multi_back if back else ops.rope_multi
-        return f(x, pos, ff, sections=sections, **kw)
-    f = ops.rope_ext_back if back else ops.rope_ext
+        multi = ops.rope_multi_back if back else ops.rope_multi
+
+        def f(x, pos, ff, **kw):
+            return multi(x, pos, ff, sections=sections, **kw)
+    else:
+        f = ops.rope_ext_back if back else ops.rope_ext
     if not n_offs:
         return f(x, pos, ff, **kw)
+    if kw["mode"] == ROPE_TYPE_VISION:
+        raise Unsupported(f"rope n_offs {n_offs} with the vision mode (ggml asserts it never is)")
     # ggml_rope_set_offset (new in 0.25.3): the rotated dims start at n_offs; the dims before stay
     out = np.array(x, copy=True)
     out[..., n_offs:] = f(np.ascontiguousarray(x[..., n_offs:]), pos, ff, **kw)
@@ -443,7 +456,7 @@ def _top_k(node, s, p):
 # -- recurrent and state-space ---------------------------------------------------------------------------------
 @_reg("SSM_CONV")
 def _ssm_conv(node, s, p):
-    return ops.ssm_conv(s[0], s[1])
+    return ops.ssm_conv(_rank(s[0], 3), _rank(s[1], 2))
 
 
 @_reg("SSM_SCAN")

@@ -45,6 +45,7 @@ log = logging.getLogger("refimpl.rpc")
 ALIGNMENT = 32                # ggml-cpu's TENSOR_ALIGNMENT: what the client pads tensor offsets to
 MAX_GRAPH_NODES = 1 << 20     # more than any graph llama.cpp builds (its default cap is 8192 + 64 per layer)
 MAX_GRAPH_TENSORS = 1 << 21
+DEBUG = bool(os.environ.get("REFIMPL_RPC_DEBUG"))   # log every command with its size and time (level DEBUG)
 BODY_TIMEOUT_S = 60.0         # a message begun must arrive within this; idle between messages is unbounded
 
 # Wire types of ggml 0.25.3: refimpl's table plus Q2_0 (stored and moved, not computed); removed type ids have
@@ -85,7 +86,7 @@ class Buffer:
 class Node:
     """One deserialized rpc_tensor: ggml's fields plus its NumPy shape."""
     __slots__ = ("id", "type", "tname", "blck", "tsize", "buffer", "ne", "nb", "op", "params", "flags", "src",
-                 "view_src", "view_offs", "data", "name", "shape", "nbytes")
+                 "view_src", "view_offs", "data", "name", "shape", "nbytes", "rview", "wview", "srcs")
 
     @property
     def op_name(self) -> str:
@@ -142,6 +143,7 @@ class Connection:
         self.computed: collections.Counter = collections.Counter()
         self.refused: collections.Counter = collections.Counter()
         self.logged: collections.Counter = collections.Counter()
+        self.seconds: collections.Counter = collections.Counter()      # per op, with REFIMPL_RPC_DEBUG
         self.dump_seq = 0
 
     # -- socket --------------------------------------------------------------------------------------------
@@ -183,6 +185,7 @@ class Connection:
             raise ProtocolError(f"tensor {n.name!r}: ne0 {n.ne[0]} is not a multiple of {n.tname}'s block "
                                 f"size {n.blck}")
         n.nbytes = nbytes(n.ne, n.nb, n.blck, n.tsize)
+        n.rview = n.wview = n.srcs = None      # views of the buffer, made once per graph (GRAPH_RECOMPUTE reuses)
         b = self.buffers.get(int(row["buffer"]))
         n.buffer = b
         if b is not None:
@@ -204,7 +207,19 @@ class Connection:
 
     def _view(self, n: Node, write: bool = False):
         """n's elements as a NumPy view of its buffer (QTensor for block types and BF16; a permuted BF16
-        source comes as a packed copy, so `write` views must be packed)."""
+        source comes as a packed copy, so `write` views must be packed). Views are kept on the node: they
+        stay views of the same bytes for as long as the graph is stored."""
+        v = n.wview if write else n.rview
+        if v is None:
+            v, is_view = self._make_view(n, write)
+            if is_view:
+                if write:
+                    n.wview = v
+                else:
+                    n.rview = v
+        return v
+
+    def _make_view(self, n: Node, write: bool):
         b = n.buffer
         if b is None:
             raise ggml_ops.Unsupported(f"tensor {n.describe()} has no buffer on this server")
@@ -213,23 +228,23 @@ class Connection:
         if t is not None and t in NUMPY_DTYPES:
             dt = NUMPY_DTYPES[t]
             if n.nbytes == 0:
-                return np.zeros(n.shape, dt)
-            return np.ndarray(n.shape, dt, buffer=b.mem, offset=off, strides=tuple(n.nb[::-1]))
+                return np.zeros(n.shape, dt), False
+            return np.ndarray(n.shape, dt, buffer=b.mem, offset=off, strides=tuple(n.nb[::-1])), True
         if t is None or n.type == 42:
             raise ggml_ops.Unsupported(f"type {n.tname} has no refimpl tensor")
         if n.nb[0] != n.tsize and n.blck == 1 and not write:
             # an element type refimpl holds as QTensor (bf16) in a permuted view: its values, packed
             el = np.ndarray(n.shape, np.dtype(f"<u{n.tsize}"), buffer=b.mem, offset=off, strides=tuple(n.nb[::-1]))
             packed = np.ascontiguousarray(el).view(np.uint8).reshape(n.shape[:-1] + (n.shape[-1] * n.tsize,))
-            return QTensor(t, packed, n.shape)
+            return QTensor(t, packed, n.shape), False
         if n.nb[0] != n.tsize:
             raise ggml_ops.Unsupported(f"{n.tname} tensor with nb0 {n.nb[0]} (blocks not packed in a row)")
         rb = n.ne[0] // n.blck * n.tsize
         shape = n.shape[:-1] + (rb,)
         if n.nbytes == 0:
-            return QTensor(t, np.zeros(shape, np.uint8), n.shape)
+            return QTensor(t, np.zeros(shape, np.uint8), n.shape), False
         data = np.ndarray(shape, np.uint8, buffer=b.mem, offset=off, strides=tuple(n.nb[:0:-1]) + (1,))
-        return QTensor(t, data, n.shape)
+        return QTensor(t, data, n.shape), True
 
     def _store(self, n: Node, value) -> None:
         if n.blck == 1 and n.nb[0] != n.tsize and n.type not in _NUMPY_IDS:
@@ -273,7 +288,7 @@ class Connection:
     # -- graphs ----------------------------------------------------------------------------------------------
     def _compute(self, nodes: list[Node], tensors: dict[int, Node]) -> None:
         srv = self.server
-        with ops.backend(srv.backend), ops.numerics(srv.numerics):
+        with ops.backend(srv.backend), ops.numerics(srv.numerics), np.errstate(all="ignore"):
             for n in nodes:
                 if n is None:
                     continue
@@ -282,13 +297,17 @@ class Connection:
                     continue
                 if n.op_name == "NONE" or n.nbytes == 0:
                     continue
+                t0 = time.perf_counter() if DEBUG else 0.0
                 try:
                     handler = ggml_ops.OPS.get(n.op_name)
                     if handler is None:
                         raise ggml_ops.Unsupported(ggml_ops.NOT_COMPUTED.get(n.op_name, "unknown op"))
-                    srcs = [None if s == 0 else self._view(tensors[s]) for s in n.src]
-                    with np.errstate(all="ignore"):
-                        value = handler(n, srcs, n.params)
+                    srcs = n.srcs
+                    if srcs is None:
+                        srcs = [None if s == 0 else ggml_ops.squeeze(self._view(tensors[s])) for s in n.src]
+                        if all(s == 0 or tensors[s].rview is not None for s in n.src):
+                            n.srcs = srcs
+                    value = handler(n, srcs, n.params)
                     self._store(n, value)
                 except Refused:
                     raise
@@ -296,6 +315,8 @@ class Connection:
                     self._refuse(n, name, e, tensors)
                     continue
                 self.computed[name] += 1
+                if DEBUG:
+                    self.seconds[name] += time.perf_counter() - t0
                 if srv.dump:
                     self._dump(n, name, tensors)
 
@@ -407,6 +428,16 @@ class Connection:
             raise ProtocolError(f"unknown or out-of-place command {cmd}")
         cmd = Cmd(cmd)
         size = U64.unpack(self._recv_exact(8))[0]
+        if DEBUG:
+            t0 = time.perf_counter()
+            try:
+                return self._dispatch(cmd, size)
+            finally:
+                log.debug("connection %s: %s of %d bytes in %.1f ms", self.peer, cmd.name, size,
+                          1e3 * (time.perf_counter() - t0))
+        return self._dispatch(cmd, size)
+
+    def _dispatch(self, cmd: Cmd, size: int) -> None:
         if cmd == Cmd.SET_TENSOR:
             return self._set_tensor(size)
         if cmd == Cmd.GRAPH_COMPUTE:
@@ -533,6 +564,9 @@ class Connection:
         refused = ", ".join(f"{k} {v}" for k, v in sorted(self.refused.items()))
         log.info("connection %s closed: %d nodes computed (%s); %d refused (%s)", self.peer, total_c,
                  per_op or "-", total_r, refused or "-")
+        if self.seconds:
+            log.debug("connection %s: seconds per op: %s", self.peer,
+                      ", ".join(f"{k} {v:.3f}" for k, v in self.seconds.most_common()))
         self.server._connection_done(self)
 
 
