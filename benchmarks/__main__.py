@@ -10,6 +10,8 @@ Parts, in the order they run (each measurement in its own fresh interpreter, one
                 Q8_0 Q4_K Q6_K, SmolLM2's shapes and 4096x4096: refimpl numba (exact and fast) vs ggml
     llama       SmolLM2-135M Q4_1 prefill / decode tokens/s: refimpl (numba exact, numba fast, numpy) vs llama.cpp
                 (llama-cpp-python), one process per engine; benchmarks/llama.py's child
+    rpc         SmolLM2 decode tokens/s with llama.cpp offloading every layer to `refimpl serve` (numba, fast and
+                exact) vs refimpl's own llama.forward in the same backend and numerics; benchmarks/rpc.py's child
     bert        all-MiniLM-L6-v2 sentences/s, batches of 32: refimpl (numba exact, numba fast, numpy) vs
                 sentence-transformers; benchmarks/bert.py's child
     rwkv        RWKV-4 169M-shape (random weights) prefill / decode tokens/s: refimpl (numba exact, numba fast,
@@ -52,7 +54,7 @@ from pathlib import Path
 from benchmarks.summary import Machine, Row, cpu_name, report, target_for, versions, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("compile", "quants", "mul_mat", "llama", "bert", "rwkv", "gguf_load", "import_time")
+PARTS = ("compile", "quants", "mul_mat", "llama", "rpc", "bert", "rwkv", "gguf_load", "import_time")
 MM_TYPES = ("f32", "f16", "q4_0", "q4_1", "q8_0", "q4_K", "q6_K")
 Q_TYPES = ("q4_0", "q8_0", "q4_K", "q6_K")
 Q_TYPES_FULL = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs",
@@ -489,6 +491,38 @@ def part_llama(cfg: Config, notes: list) -> list[Row]:
         (f"SmolLM2 Q4_1 decode {n_g} tokens, tok/s", "llama decode", lambda r: n_g / r["decode_wall"])])
 
 
+def part_rpc(cfg: Config, notes: list) -> list[Row]:
+    n_p, n_g = cfg.pick(32, 16), cfg.pick(32, 4)
+    got = smollm2_ids(n_p)
+    threads = ",".join(map(str, cfg.threads))
+    if isinstance(got, str):
+        return [Row("rpc", "SmolLM2 decode via refimpl serve", "llama.cpp on refimpl serve", got, "refimpl numba", got,
+                    threads)]
+    if not (installed("numba") and installed("llama_cpp")):
+        why = "not installed (numba, llama-cpp-python)"
+        return [Row("rpc", "SmolLM2 decode via refimpl serve", "llama.cpp on refimpl serve", why, "refimpl numba", why,
+                    threads)]
+    path, ids = got
+    rows = []
+    for th in cfg.threads:
+        for numerics, label in (("fast", "refimpl numba fast"), ("exact", "refimpl numba")):
+            env = thread_env(th, "numba", numerics)
+            served = spawn_child("rpc", dict(path=path, ids=ids, n_gen=n_g), env, cfg)
+            own = spawn_child("llama", dict(engine="refimpl", threads=th, path=path, ids=ids, n_gen=n_g), env, cfg)
+            log(f"  rpc: {numerics} with {th} thread(s)" + "".join(f"  ERROR {r['error']}" for r in (served, own)
+                                                                   if "error" in r))
+            va = served["error"] if "error" in served else n_g / served["decode_wall"]
+            vb = own["error"] if "error" in own else n_g / own["decode_wall"]
+            rows.append(Row("rpc", f"SmolLM2 Q4_1 decode {n_g} tokens through refimpl serve, tok/s",
+                            f"llama.cpp on refimpl serve ({numerics})", va, label, vb, str(th),
+                            f"{mib(served)} / {mib(own)}", key="rpc decode", target=0.5, exact=not cfg.quick))
+    notes.append(f"rpc: llama.cpp (llama-cpp-python, -ngl 99) offloads SmolLM2 to `refimpl serve --backend numba` in "
+                 f"its own process; prefill {len(ids)} tokens then {n_g} greedy decodes, against refimpl's own "
+                 f"llama.forward (benchmarks/llama.py's child) in the same backend and numerics; the server's threads "
+                 f"are NUMBA_NUM_THREADS")
+    return rows
+
+
 def part_bert(cfg: Config, notes: list) -> list[Row]:
     from refimpl.fetch import path
     d = path("minilm")
@@ -587,6 +621,7 @@ def part_import_time(cfg: Config, notes: list) -> list[Row]:
 
 
 PART_FNS = {"compile": part_compile, "quants": part_quants, "mul_mat": part_mul_mat, "llama": part_llama,
+            "rpc": part_rpc,
             "bert": part_bert, "rwkv": part_rwkv, "gguf_load": part_gguf_load, "import_time": part_import_time}
 
 

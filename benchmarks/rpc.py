@@ -92,7 +92,6 @@ def child() -> None:
     job = json.loads(sys.stdin.read())
     print(json.dumps(run_served(job["path"], job["ids"], job["n_gen"], os.environ.get("REFIMPL_BACKEND", "numba"),
                                 os.environ.get("REFIMPL_NUMERICS", "exact"))), flush=True)
-    os._exit(0)                      # llama.cpp's RPC client would talk to the stopped server at exit
 
 
 def main() -> None:

@@ -37,6 +37,27 @@ def cases(sql: Path) -> list[dict]:
     return out
 
 
+def console_cases(log: Path) -> list[dict]:
+    """The same records from test-backend-ops' console output (`test -b RPC0` without --output)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.search(r"  ([A-Z0-9_]+)\((.*)\): (?:\x1b\[1;3\dm)?(OK|FAIL|not supported)", line)
+        if not m:
+            continue
+        op, params, st = m.groups()
+        out.append({"op_name": op, "op_params": params, "supported": "0" if st == "not supported" else "1",
+                    "passed": "1" if st == "OK" else "0", "error_message": "", "detail": line[:m.start()].strip()})
+    return out
+
+
+def load(run: Path, mode: str) -> list[dict] | None:
+    if (run / f"tbo-{mode}.sql").exists():
+        return cases(run / f"tbo-{mode}.sql")
+    if (run / f"tbo-{mode}.log").exists():
+        return console_cases(run / f"tbo-{mode}.log")
+    return None
+
+
 def classify(c: dict) -> str:
     if c["supported"] not in ("1", "true", "yes"):
         return "cpu_unsupported"
@@ -86,7 +107,8 @@ def render(run: Path, modes: list[str]) -> tuple[str, int]:
               "not in refimpl's op table, see the reason), and cases ggml-cpu itself does not support (skipped by",
               "test-backend-ops, so nothing is compared).", ""]
     bad = 0
-    per_mode = {m: table(cases(run / f"tbo-{m}.sql")) for m in modes if (run / f"tbo-{m}.sql").exists()}
+    loaded = {m: load(run, m) for m in modes}
+    per_mode = {m: table(cs) for m, cs in loaded.items() if cs is not None}
     reasons = {}
     for m in modes:
         reasons.update(server_reasons(run / f"serve-{m}.log"))
@@ -111,7 +133,7 @@ def render(run: Path, modes: list[str]) -> tuple[str, int]:
               "op_params and the shapes in both orders):", ""]
     for op, why in sorted(reasons.items()):
         lines.append(f"- `{op}`: {why}")
-    failed = [(m, c) for m in per_mode for c in cases(run / f"tbo-{m}.sql") if classify(c) == "failed"]
+    failed = [(m, c) for m in per_mode for c in loaded[m] if classify(c) == "failed"]
     if failed:
         lines += ["", "## Failed cases", ""]
         for m, c in failed[:200]:

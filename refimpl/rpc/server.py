@@ -562,8 +562,9 @@ class Connection:
         total_c, total_r = sum(self.computed.values()), sum(self.refused.values())
         per_op = ", ".join(f"{k} {v}" for k, v in sorted(self.computed.items()))
         refused = ", ".join(f"{k} {v}" for k, v in sorted(self.refused.items()))
-        log.info("connection %s closed: %d nodes computed (%s); %d refused (%s)", self.peer, total_c,
-                 per_op or "-", total_r, refused or "-")
+        log.log(logging.WARNING if total_r else logging.INFO,
+                "connection %s closed: %d nodes computed (%s); %d refused (%s)", self.peer, total_c,
+                per_op or "-", total_r, refused or "-")
         if self.seconds:
             log.debug("connection %s: seconds per op: %s", self.peer,
                       ", ".join(f"{k} {v:.3f}" for k, v in self.seconds.most_common()))
