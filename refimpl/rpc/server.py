@@ -86,7 +86,8 @@ class Buffer:
 class Node:
     """One deserialized rpc_tensor: ggml's fields plus its NumPy shape."""
     __slots__ = ("id", "type", "tname", "blck", "tsize", "buffer", "ne", "nb", "op", "params", "flags", "src",
-                 "view_src", "view_offs", "data", "name", "shape", "nbytes", "rview", "wview", "srcs")
+                 "view_src", "view_offs", "data", "name", "shape", "nbytes", "rview", "wview", "srcs", "sname",
+                 "handler", "skip")
 
     @property
     def op_name(self) -> str:
@@ -186,6 +187,10 @@ class Connection:
                                 f"size {n.blck}")
         n.nbytes = nbytes(n.ne, n.nb, n.blck, n.tsize)
         n.rview = n.wview = n.srcs = None      # views of the buffer, made once per graph (GRAPH_RECOMPUTE reuses)
+        opn = n.op_name
+        n.sname = ggml_ops.sub_op(opn, n.params)
+        n.handler = ggml_ops.OPS.get(opn)
+        n.skip = opn in ggml_ops.NO_COMPUTE or n.nbytes == 0
         b = self.buffers.get(int(row["buffer"]))
         n.buffer = b
         if b is not None:
@@ -290,16 +295,12 @@ class Connection:
         srv = self.server
         with ops.backend(srv.backend), ops.numerics(srv.numerics), np.errstate(all="ignore"):
             for n in nodes:
-                if n is None:
+                if n is None or n.skip:
                     continue
-                name = ggml_ops.sub_op(n.op_name, n.params)
-                if n.op_name in ggml_ops.NO_COMPUTE:
-                    continue
-                if n.op_name == "NONE" or n.nbytes == 0:
-                    continue
+                name = n.sname
                 t0 = time.perf_counter() if DEBUG else 0.0
                 try:
-                    handler = ggml_ops.OPS.get(n.op_name)
+                    handler = n.handler
                     if handler is None:
                         raise ggml_ops.Unsupported(ggml_ops.NOT_COMPUTED.get(n.op_name, "unknown op"))
                     srcs = n.srcs
