@@ -115,7 +115,6 @@ def run_refimpl(path: str, ids: list[int], n_gen: int, dequantize: bool) -> dict
 def run_llama_cpp(path: str, ids: list[int], n_gen: int, threads: int) -> dict:
     import llama_cpp
     import llama_cpp.llama_cpp as C
-    import numpy as np
 
     base = rss()
     default = C.llama_model_default_params
@@ -134,11 +133,23 @@ def run_llama_cpp(path: str, ids: list[int], n_gen: int, threads: int) -> dict:
         C.llama_model_default_params = default
     n_vocab = llm.n_vocab()
 
+    r = time_llama_cpp(llm, ids, n_gen, warm=8)
+    return dict(load_s=load_s, **r, base_rss=base, peak_rss=peak_rss(), n_vocab=n_vocab,
+                use_extra_bufts=bool(llm.model_params.use_extra_bufts))
+
+
+def time_llama_cpp(llm, ids: list[int], n_gen: int, warm: int) -> dict:
+    """A warm-up over ids[:warm] and one more token, then one timed prefill of ids and n_gen timed greedy
+    single-token decodes of a llama_cpp.Llama (wall and CPU seconds, the tokens)."""
+    import llama_cpp.llama_cpp as C
+    import numpy as np
+    n_vocab = llm.n_vocab()
+
     def argmax_last():
         return int(np.argmax(np.ctypeslib.as_array(C.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))))
 
-    llm.eval(ids[:8])
-    llm.eval(ids[8:9])
+    llm.eval(ids[:warm])
+    llm.eval(ids[warm:warm + 1])
     llm.reset()
 
     def prefill():
@@ -155,9 +166,7 @@ def run_llama_cpp(path: str, ids: list[int], n_gen: int, threads: int) -> dict:
 
     t0, pw, pc = timed(prefill)
     rest, dw, dc = timed(lambda: decode(t0))
-    return dict(load_s=load_s, prefill_wall=pw, prefill_cpu=pc, decode_wall=dw, decode_cpu=dc,
-                tokens=[t0] + rest, base_rss=base, peak_rss=peak_rss(), n_vocab=n_vocab,
-                use_extra_bufts=bool(llm.model_params.use_extra_bufts))
+    return dict(prefill_wall=pw, prefill_cpu=pc, decode_wall=dw, decode_cpu=dc, tokens=[t0] + rest)
 
 
 def child(args) -> None:

@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,9 +26,7 @@ def _free_port() -> int:
 
 
 def run_served(path: str, ids: list[int], n_gen: int, backend: str, numerics: str) -> dict:
-    import numpy as np
-
-    from benchmarks.llama import peak_rss, timed
+    from benchmarks.llama import peak_rss, time_llama_cpp, timed
     port = _free_port()
     log = open(os.environ.get("REFIMPL_SERVE_LOG", os.devnull), "w")
     srv = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "refimpl", "serve", "--port", str(port), "--backend", backend,
@@ -57,32 +54,9 @@ def run_served(path: str, ids: list[int], n_gen: int, backend: str, numerics: st
                                                           offload_kqv=True, verbose=False))
         finally:
             C.llama_model_default_params = default
-        n_vocab = llm.n_vocab()
-
-        def argmax_last():
-            return int(np.argmax(np.ctypeslib.as_array(C.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))))
-
-        llm.eval(ids[:16])                       # warm-up: the server compiles (or loads) its kernels here
-        llm.eval(ids[16:17])
-        llm.reset()
-
-        def prefill():
-            llm.eval(ids)
-            return argmax_last()
-
-        def decode(t):
-            out = []
-            for _ in range(n_gen):
-                llm.eval([t])
-                t = argmax_last()
-                out.append(t)
-            return out
-
-        t0, pw, pc = timed(prefill)
-        rest, dw, dc = timed(lambda: decode(t0))
+        r = time_llama_cpp(llm, ids, n_gen, warm=16)     # the server compiles (or loads) its kernels there
         llm.close()                  # free the server's buffers while it still runs (ggml aborts otherwise)
-        return dict(load_s=load_s, prefill_wall=pw, prefill_cpu=pc, decode_wall=dw, decode_cpu=dc,
-                    tokens=[t0] + rest, peak_rss=peak_rss(), backend=backend, numerics=numerics)
+        return dict(load_s=load_s, **r, peak_rss=peak_rss(), backend=backend, numerics=numerics)
     finally:
         srv.terminate()
         srv.wait(10)

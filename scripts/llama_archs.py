@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import re
 import socket
@@ -47,48 +48,55 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(paths: list[Path], numerics: str, tokens: list[int]) -> list[dict]:
-    from refimpl.compare import run_llama_cpp
-    from refimpl.rpc import Server
+@contextlib.contextmanager
+def ggml_rpc_server(threads: int = 1):
+    """ggml's own ggml-rpc-server (CPU backend, `threads` threads) on a free loopback port: yields "HOST:PORT"."""
     port = _free_port()
-    ref_srv = subprocess.Popen([str(_bin() / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = []
+    srv = subprocess.Popen([str(_bin() / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):
+        for _ in range(200):
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
             except OSError:
                 time.sleep(0.05)
-        with Server("127.0.0.1", 0, backend="numpy", numerics=numerics, log_per_op=0) as srv:
-            for p in paths:
-                t0 = time.perf_counter()
-                row = {"model": p.stem}
-                try:
-                    theirs = run_llama_cpp(p, tokens, capture=False, rpc=f"127.0.0.1:{port}")
-                    before = len(srv.finished)
-                    ours = run_llama_cpp(p, tokens, capture=False, rpc=f"127.0.0.1:{srv.port}")
-                    time.sleep(0.05)
-                    conns = srv.finished[before:]
-                    computed, refused = collections.Counter(), collections.Counter()
-                    for c in conns:
-                        computed.update(c.computed)
-                        refused.update(c.refused)
-                    a, b = ours.logits, theirs.logits
-                    same = a.shape == b.shape and bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
-                    fin = np.isfinite(a) & np.isfinite(b)
-                    row.update(nodes=sum(computed.values()), refused=dict(refused), same=same,
-                               max_abs=float(np.max(np.abs(a[fin] - b[fin]))) if fin.any() else float("nan"),
-                               nan=int((~np.isfinite(a)).sum()))
-                except Exception as e:          # noqa: BLE001 -- one model's failure is a row, not the end
-                    row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
-                row["seconds"] = time.perf_counter() - t0
-                print(f"  {p.stem}: {row}", file=sys.stderr, flush=True)
-                rows.append(row)
+        yield f"127.0.0.1:{port}"
     finally:
-        ref_srv.terminate()
-        ref_srv.wait(10)
+        srv.terminate()
+        srv.wait(10)
+
+
+def run(paths: list[Path], numerics: str, tokens: list[int]) -> list[dict]:
+    from refimpl.compare import run_llama_cpp
+    from refimpl.rpc import Server
+    rows = []
+    with ggml_rpc_server() as ref_endpoint, \
+            Server("127.0.0.1", 0, backend="numpy", numerics=numerics, log_per_op=0) as srv:
+        for p in paths:
+            t0 = time.perf_counter()
+            row = {"model": p.stem}
+            try:
+                theirs = run_llama_cpp(p, tokens, capture=False, rpc=ref_endpoint)
+                before = len(srv.finished)
+                ours = run_llama_cpp(p, tokens, capture=False, rpc=f"127.0.0.1:{srv.port}")
+                time.sleep(0.05)
+                conns = srv.finished[before:]
+                computed, refused = collections.Counter(), collections.Counter()
+                for c in conns:
+                    computed.update(c.computed)
+                    refused.update(c.refused)
+                a, b = ours.logits, theirs.logits
+                same = a.shape == b.shape and bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
+                fin = np.isfinite(a) & np.isfinite(b)
+                row.update(nodes=sum(computed.values()), refused=dict(refused), same=same,
+                           max_abs=float(np.max(np.abs(a[fin] - b[fin]))) if fin.any() else float("nan"),
+                           nan=int((~np.isfinite(a)).sum()))
+            except Exception as e:          # noqa: BLE001 -- one model's failure is a row, not the end
+                row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            row["seconds"] = time.perf_counter() - t0
+            print(f"  {p.stem}: {row}", file=sys.stderr, flush=True)
+            rows.append(row)
     return rows
 
 

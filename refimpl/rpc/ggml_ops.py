@@ -167,29 +167,14 @@ def _concat(node, s, p):
     return ops.concat(s[0], s[1], p.i(0))
 
 
-@_reg("SCALE")
-def _scale(node, s, p):
-    return ops.scale(s[0], p.f(0), p.f(1))
-
-
-@_reg("CLAMP")
-def _clamp(node, s, p):
-    return ops.clamp(s[0], p.f(0), p.f(1))
-
-
-@_reg("LEAKY_RELU")
-def _leaky_relu(node, s, p):
-    return ops.leaky_relu(s[0], p.f(0))
-
-
-@_reg("FILL")
-def _fill(node, s, p):
-    return ops.fill(s[0], p.f(0))
-
-
-@_reg("TRI")
-def _tri(node, s, p):
-    return ops.tri(s[0], p.i(0))
+# ops whose op_params are their scalar arguments, in order: (op, refimpl op, how to read each word)
+for _name, _fn, _kinds in (("SCALE", ops.scale, "ff"), ("CLAMP", ops.clamp, "ff"), ("LEAKY_RELU", ops.leaky_relu, "f"),
+                           ("FILL", ops.fill, "f"), ("TRI", ops.tri, "i"), ("NORM", ops.norm, "f"),
+                           ("RMS_NORM", ops.rms_norm, "f"), ("L2_NORM", ops.l2_norm, "f"),
+                           ("GROUP_NORM", ops.group_norm, "if"), ("DIAG_MASK_INF", ops.diag_mask_inf, "i"),
+                           ("DIAG_MASK_ZERO", ops.diag_mask_zero, "i")):
+    OPS[_name] = (lambda f, kinds: lambda node, s, p: f(s[0], *(p.f(k) if c == "f" else p.i(k)
+                                                                  for k, c in enumerate(kinds))))(_fn, _kinds)
 
 
 @_reg("ARANGE")
@@ -198,29 +183,9 @@ def _arange(node, s, p):
 
 
 # -- normalization ------------------------------------------------------------------------------------------
-@_reg("NORM")
-def _norm(node, s, p):
-    return ops.norm(s[0], p.f(0))
-
-
-@_reg("RMS_NORM")
-def _rms_norm(node, s, p):
-    return ops.rms_norm(s[0], p.f(0))
-
-
 @_reg("RMS_NORM_BACK")
 def _rms_norm_back(node, s, p):
     return ops.rms_norm_back(s[0], s[1], p.f(0))
-
-
-@_reg("GROUP_NORM")
-def _group_norm(node, s, p):
-    return ops.group_norm(s[0], p.i(0), p.f(1))
-
-
-@_reg("L2_NORM")
-def _l2_norm(node, s, p):
-    return ops.l2_norm(s[0], p.f(0))
 
 
 # -- products -----------------------------------------------------------------------------------------------
@@ -269,16 +234,6 @@ def _get_rows_back(node, s, p):
 def _set_rows(node, s, p):
     # ggml 0.25.3 wires set_rows(a, b, c) as src0 = b (the rows), src1 = c (indices), src2 = a (destination)
     return ops.set_rows(s[2], s[0], _rank(s[1], 3))
-
-
-@_reg("DIAG_MASK_INF")
-def _diag_mask_inf(node, s, p):
-    return ops.diag_mask_inf(s[0], p.i(0))
-
-
-@_reg("DIAG_MASK_ZERO")
-def _diag_mask_zero(node, s, p):
-    return ops.diag_mask_zero(s[0], p.i(0))
 
 
 @_reg("PAD")

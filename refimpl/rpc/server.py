@@ -37,8 +37,8 @@ from .. import ops
 from ..qtensor import QTensor, quantize
 from ..types import NUMPY_DTYPES, GGMLType, type_traits
 from . import ggml_ops
-from .protocol import (CONN_CAPS_SIZE, MAX_SRC, PROTO_VERSION, REQUEST_SIZE, RPC_TENSOR, SET_TENSOR_HEADER,
-                       TENSOR_SIZE, U8, U32, U64, Cmd, unpack_tensors)
+from .protocol import (CONN_CAPS_SIZE, PROTO_VERSION, REQUEST_SIZE, SET_TENSOR_HEADER, TENSOR_SIZE, U8, U32, U64,
+                       Cmd, unpack_tensors)
 
 log = logging.getLogger("refimpl.rpc")
 

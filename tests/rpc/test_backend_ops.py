@@ -6,7 +6,6 @@ refimpl does not compute yet, which must be exactly the documented ones: the typ
 refimpl's type enum, gguf-py's, has no Q2_0) and bf16 sources of the unary and GLU ops (new in 0.25.3)."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -7,8 +7,7 @@ refimpl's side (refimpl has no Gemma model at all), only the graph llama.cpp sen
 - ggml numerics: the logits are the same bits as the same graph on ggml's own RPC server (ggml-rpc-server
   of the same llama.cpp, CPU backend, one thread: ggml-cpu at 2 threads is not run-to-run deterministic on
   every architecture)."""
-import socket
-import subprocess
+import sys
 import time
 
 import numpy as np
@@ -70,12 +69,6 @@ def references(model):
     return [run_llama_cpp(path, ids, capture=False, greedy=N_GREEDY, n_threads=2) for ids in prompts]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_exact_numerics_agree_with_llama_cpp(model, references):
     name, path, texts, prompts = model
     rows, hits, total = [], 0, 0
@@ -98,24 +91,14 @@ def test_exact_numerics_agree_with_llama_cpp(model, references):
 
 def test_ggml_numerics_bit_identical_to_ggml_rpc_server(model, references):
     name, path, _, prompts = model
-    port = _free_port()
-    ref_srv = subprocess.Popen([str(_vendor.bin_dir() / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port),
-                                "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+    sys.path.insert(0, str(_vendor.REPO / "scripts"))
+    from llama_archs import ggml_rpc_server
+    with ggml_rpc_server(threads=1) as theirs_endpoint:
         with Server("127.0.0.1", 0, backend="numpy", numerics="ggml") as srv:
             for ids, ref in list(zip(prompts, references))[:BIT_PROMPTS[name]]:
                 tf = ids + ref.generated[:-1] if TEACHER_FORCED_BITS[name] else ids
-                theirs = run_llama_cpp(path, tf, capture=False, rpc=f"127.0.0.1:{port}")
+                theirs = run_llama_cpp(path, tf, capture=False, rpc=theirs_endpoint)
                 ours = run_llama_cpp(path, tf, capture=False, rpc=f"127.0.0.1:{srv.port}")
                 diff = np.flatnonzero(ours.logits.view(np.uint32) != theirs.logits.view(np.uint32))
                 assert diff.size == 0, (f"{diff.size} logits differ, first at {np.unravel_index(diff[0], ours.logits.shape)}"
                                         f": ours {ours.logits.flat[diff[0]]!r} ggml {theirs.logits.flat[diff[0]]!r}")
-    finally:
-        ref_srv.terminate()
-        ref_srv.wait(10)
