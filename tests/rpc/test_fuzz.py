@@ -3,7 +3,7 @@ client that keeps talking to it all along (its own buffer, its own bytes) sees n
 
 Outcomes per case: "answered" (a reply came), "silent" (a command without a reply), "closed" (the
 server closed the connection: a bad message). Defects, asserted zero: "internal error" (an exception
-outside the server's checks, logged as such), "hang" (the connection is not released within 2 s of the
+outside the server's checks, logged as such), "hang" (the connection is not released within 5 s of the
 client closing it, or the server stops answering others), "bystander hurt" (the other client's bytes
 changed or its connection broke)."""
 import collections
@@ -145,7 +145,7 @@ def test_fuzz_every_command(fuzz_server):
             outcome = "closed"
         c.close()
         t0 = time.monotonic()
-        while len(srv.finished) <= done_before and time.monotonic() - t0 < 2.0:
+        while len(srv.finished) <= done_before and time.monotonic() - t0 < 5.0:
             time.sleep(0.002)
         if len(srv.finished) <= done_before:
             outcome = "hang"
