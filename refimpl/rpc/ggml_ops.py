@@ -20,7 +20,6 @@ import numpy as np
 
 from .. import ops
 from ..ops.faithful import llamafile
-from ..qtensor import QTensor
 
 # enum ggml_op, ggml 0.25.3 (GGML_OP_COUNT == 101)
 OP_NAMES = (
@@ -101,10 +100,6 @@ def squeeze(x, least: int = 2):
     while x.ndim - k > least and x.shape[k] == 1:
         k += 1
     return x.reshape(x.shape[k:]) if k else x
-
-
-def _f32(x):
-    return np.asarray(x, np.float32) if isinstance(x, QTensor) else x
 
 
 Handler = Callable  # (node, srcs: list, p: Params) -> value

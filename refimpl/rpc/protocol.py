@@ -3,7 +3,7 @@
 Every message is little-endian and packed (`#pragma pack(1)` in ggml-rpc.cpp):
 
     request   | command (u8) | size (u64) | payload (size bytes) |
-    response  | size (u64) | payload (size bytes) |          (only the commands in RESPONDS answer)
+    response  | size (u64) | payload (size bytes) |          (only the commands listed below answer)
 
 The first command of a connection is HELLO; the server answers with its version. A tensor travels as
 `rpc_tensor` (RPC_TENSOR below, 296 bytes): `ne` and `nb` are u32 on the wire, `src`/`view_src` are the
@@ -53,7 +53,7 @@ class Cmd(enum.IntEnum):
 RPC_TENSOR = np.dtype([
     ("id", "<u8"), ("type", "<u4"), ("buffer", "<u8"), ("ne", "<u4", (MAX_DIMS,)), ("nb", "<u4", (MAX_DIMS,)),
     ("op", "<u4"), ("op_params", "<i4", (MAX_OP_PARAMS // 4,)), ("flags", "<i4"), ("src", "<u8", (MAX_SRC,)),
-    ("view_src", "<u8"), ("view_offs", "<u8"), ("data", "<u8"), ("name", "S64"), ("use_count", "<i4"),
+    ("view_src", "<u8"), ("view_offs", "<u8"), ("data", "<u8"), ("name", f"S{MAX_NAME}"), ("use_count", "<i4"),
 ])
 TENSOR_SIZE = RPC_TENSOR.itemsize
 assert TENSOR_SIZE == 296, TENSOR_SIZE
@@ -80,30 +80,11 @@ REQUEST_SIZE = {
 # Variable-size requests: SET_TENSOR (rpc_tensor, cache flag u8, offset u64, data) and GRAPH_COMPUTE.
 SET_TENSOR_HEADER = TENSOR_SIZE + 1 + 8
 
-# Commands that answer, and the size of a fixed answer (GET_TENSOR answers with the bytes asked for).
-RESPONDS = {
-    Cmd.HELLO: 4 + CONN_CAPS_SIZE, Cmd.DEVICE_COUNT: 4, Cmd.ALLOC_BUFFER: 16, Cmd.GET_ALLOC_SIZE: 8,
-    Cmd.GET_ALIGNMENT: 8, Cmd.GET_MAX_SIZE: 8, Cmd.BUFFER_GET_BASE: 8, Cmd.SET_TENSOR_HASH: 1,
-    Cmd.GET_TENSOR: None, Cmd.COPY_TENSOR: 1, Cmd.GET_DEVICE_MEMORY: 16,
-}
+# Commands that answer (the rest send nothing back): HELLO, DEVICE_COUNT, ALLOC_BUFFER, GET_ALLOC_SIZE,
+# GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, SET_TENSOR_HASH, GET_TENSOR (the bytes asked for),
+# COPY_TENSOR, GET_DEVICE_MEMORY.
 
 U8, U32, U64 = struct.Struct("<B"), struct.Struct("<I"), struct.Struct("<Q")
-
-
-def fnv1a(data) -> int:
-    """FNV-1a 64 of `data` (the hash SET_TENSOR_HASH names a cached blob by)."""
-    h = 0xCBF29CE484222325
-    for b in bytes(data):
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def pack_tensor(**fields) -> bytes:
-    """One rpc_tensor from keyword fields (missing ones are zero); for clients and tests."""
-    t = np.zeros((), RPC_TENSOR)
-    for k, v in fields.items():
-        t[k] = v
-    return t.tobytes()
 
 
 def unpack_tensors(raw, n: int, offset: int = 0) -> np.ndarray:
