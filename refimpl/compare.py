@@ -611,16 +611,16 @@ def read_dump(directory) -> dict:
 
 
 def gguf_weight_type(model_path) -> str:
-    """The ggml type name of a GGUF's first FFN output weight (blk.0.ffn_down.weight), else its commonest."""
+    """The ggml type name of a GGUF's first FFN output weight (blk.0.ffn_down.weight), else its commonest type:
+    the budget's row, as `weight_type` picks it for refimpl's own models."""
     import collections
     from . import gguf
+    from .ops.matmul import ggml_type
     from .types import traits
     f = gguf.load(model_path)
-    t = f.tensors.get("blk.0.ffn_down.weight")
-    if t is None:
-        t = collections.Counter(getattr(x, "type", None) for x in f.tensors.values()).most_common(1)[0][0]
-        return traits(t).name.lower() if t is not None else "f32"
-    return traits(getattr(t, "type", "f32")).name.lower() if hasattr(t, "type") else "f32"
+    w = f.tensors.get("blk.0.ffn_down.weight")
+    t = ggml_type(w) if w is not None else collections.Counter(map(ggml_type, f.tensors.values())).most_common(1)[0][0]
+    return traits(t).name.lower()
 
 
 def compare_served(model_path, tokens, *, numerics: str = "exact", backend: str = "numpy", n_ctx: int = 512,

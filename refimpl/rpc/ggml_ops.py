@@ -453,29 +453,29 @@ for _name in GLU_NAMES:
         GLU[_name] = getattr(ops, _name.lower())
 
 
+def _sub(op: str, names: tuple, table: dict, not_computed: dict, p: Params):
+    """The refimpl op of a node's sub-op (op_params[0]), or Unsupported saying why not."""
+    k = p.i(0)
+    if not 0 <= k < len(names):
+        raise Unsupported(f"unknown {op} sub-op {k}")
+    name = names[k]
+    if name not in table:
+        raise Unsupported(f"{op}:{name}: {not_computed[name]}")
+    return name, table[name]
+
+
 @_reg("UNARY")
 def _unary(node, s, p):
-    k = p.i(0)
-    name = UNARY_NAMES[k] if 0 <= k < len(UNARY_NAMES) else None
-    if name is None:
-        raise Unsupported(f"unknown unary sub-op {k}")
-    if name not in UNARY:
-        raise Unsupported(f"UNARY:{name}: {UNARY_NOT_COMPUTED[name]}")
-    return UNARY[name](s[0])
+    return _sub("UNARY", UNARY_NAMES, UNARY, UNARY_NOT_COMPUTED, p)[1](s[0])
 
 
 @_reg("GLU")
 def _glu(node, s, p):
-    k = p.i(0)
-    name = GLU_NAMES[k] if 0 <= k < len(GLU_NAMES) else None
-    if name is None:
-        raise Unsupported(f"unknown glu sub-op {k}")
-    if name not in GLU:
-        raise Unsupported(f"GLU:{name}: {GLU_NOT_COMPUTED[name]}")
+    name, f = _sub("GLU", GLU_NAMES, GLU, GLU_NOT_COMPUTED, p)
     swapped = bool(p.i(1))
     if name == "SWIGLU_OAI":
-        return GLU[name](s[0], s[1], p.f(2), p.f(3), swapped=swapped)
-    return GLU[name](s[0], s[1], swapped=swapped)
+        return f(s[0], s[1], p.f(2), p.f(3), swapped=swapped)
+    return f(s[0], s[1], swapped=swapped)
 
 
 def sub_op(op_name: str, p: Params) -> str:
