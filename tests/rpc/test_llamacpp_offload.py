@@ -102,3 +102,14 @@ def test_ggml_numerics_bit_identical_to_ggml_rpc_server(model, references):
                 diff = np.flatnonzero(ours.logits.view(np.uint32) != theirs.logits.view(np.uint32))
                 assert diff.size == 0, (f"{diff.size} logits differ, first at {np.unravel_index(diff[0], ours.logits.shape)}"
                                         f": ours {ours.logits.flat[diff[0]]!r} ggml {theirs.logits.flat[diff[0]]!r}")
+
+
+def test_compare_served_lines_up_every_node():
+    """refimpl compare --served: every named node of SmolLM2's graph on refimpl serve (ggml numerics) is the same
+    bits as llama.cpp's CPU run captured by cb_eval, including names llama.cpp gives a product and its view."""
+    from refimpl import gguf
+    from refimpl.compare import compare_served, first_over
+    from refimpl.tokenizer import from_gguf
+    p = _model_path("smollm2")
+    rows = compare_served(p, from_gguf(gguf.load(p)).encode("Once upon a time", add_special=True), numerics="ggml")
+    assert len(rows) > 500 and first_over(rows) is None, first_over(rows)
