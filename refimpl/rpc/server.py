@@ -280,15 +280,21 @@ class Connection:
             dst[...] = v.reshape(dst.shape)
 
     def _fill_nan(self, n: Node) -> None:
+        """n's own elements (never the gaps of a strided view) set to NaN: f32/f16/f64 NaN, bf16 0x7FC0, block
+        types 0xFF bytes (their f16 scales read NaN), ints -1."""
         if n.buffer is None or n.nbytes == 0:
             return
         if n.tname in FLOAT_NAN and n.tname != "bf16":
-            self._view(n)[...] = np.nan
-        elif n.tname == "bf16":
-            self._view(n).data[...] = np.frombuffer(np.uint16(0x7FC0).tobytes(), np.uint8)[np.arange(
-                self._view(n).data.shape[-1]) % 2]
-        else:
-            self._region(n, 0, n.nbytes)[...] = 0xFF     # block scales 0xFFFF are f16 NaN; ints read -1
+            self._view(n, write=True)[...] = np.nan
+            return
+        if n.blck == 1:                   # bf16 and the int types, element by element through their strides
+            el = np.ndarray(n.shape, np.dtype(f"<u{n.tsize}"), buffer=n.buffer.mem, offset=n.data - n.buffer.base,
+                            strides=tuple(n.nb[::-1]))
+            el[...] = 0x7FC0 if n.tname == "bf16" else np.iinfo(el.dtype).max
+            return
+        rows = np.ndarray(n.shape[:-1] + (n.ne[0] // n.blck * n.tsize,), np.uint8, buffer=n.buffer.mem,
+                          offset=n.data - n.buffer.base, strides=tuple(n.nb[:0:-1]) + (1,))
+        rows[...] = 0xFF
 
     # -- graphs ----------------------------------------------------------------------------------------------
     def _compute(self, nodes: list[Node], tensors: dict[int, Node]) -> None:

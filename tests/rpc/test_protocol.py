@@ -180,3 +180,19 @@ def test_request_sizes_are_exact(server):
     with pytest.raises(ConnectionError):
         c.recv()
     assert TENSOR_SIZE == 296
+
+
+def test_refused_strided_node_leaves_the_gaps_between_its_rows(client):
+    """A node that is a strided view (rows 64 bytes apart, 34 bytes each) is NaN-filled row by row: the bytes
+    between its rows belong to other tensors and keep their values."""
+    buf, _ = client.alloc_buffer(4096)
+    base = client.buffer_get_base(buf)
+    whole = T(1, "i8", [256], buf, base)
+    client.set_tensor(whole, bytes(range(256)))
+    a = T(2, "f32", [4], buf, base + 1024)
+    q = T(3, "q8_0", [32, 4], buf, base, nb=[34, 64, 256, 256], op="CUSTOM", src=[a])
+    client.graph_compute([q], [a, q])
+    got = client.get_tensor(whole, 0, 256)
+    for r in range(4):
+        assert got[64 * r:64 * r + 34] == b"\xff" * 34
+        assert got[64 * r + 34:64 * r + 64] == bytes(range(64 * r + 34, 64 * r + 64))
