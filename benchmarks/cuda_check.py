@@ -204,7 +204,7 @@ def cases(quick: bool, sim: bool = False) -> list[Case]:
 def unary_case(name: str, quick: bool) -> Case | None:
     """A case for an element-wise op of one f32 tensor (exp, tanh, gelu, ...), if the op takes one: x of
     (128, 4096) (quick: (2, 32)) drawn in [-3, 3], or in [0.1, 3] for ops defined on positive numbers."""
-    from refimpl.ops._core import OPS
+    from refimpl.dispatch import OPS
     rng = np.random.default_rng(3)
     x = rng.uniform(-3, 3, (2, 32) if quick else (128, 4096)).astype(np.float32)
     for xs in (x, np.abs(x) + np.float32(0.1)):
@@ -241,7 +241,7 @@ def compare(got: np.ndarray, want: np.ndarray, t) -> tuple[bool, str]:
 def check_case(c: Case, reps: int, peak_bw: float) -> Row:
     import refimpl
     from refimpl.kernels.cuda import _device
-    from refimpl.ops._core import OPS
+    from refimpl.dispatch import OPS
     info = OPS[c.op]
     shape = " x ".join(str(tuple(np.shape(a))) for a in c.args if hasattr(a, "shape"))
     t = tolerance(c.op, c.ttype)
@@ -267,7 +267,7 @@ def dequant_rows(quick: bool, reps: int, peak_bw: float) -> list[Row]:
     """Every dequantizer with a CUDA kernel, on random bytes (every bit pattern a block can hold): bits equal."""
     from refimpl.kernels.cuda import _device
     from refimpl.kernels.cuda import quants as kq
-    from refimpl.ops._core import KERNELS
+    from refimpl.dispatch import KERNELS
     from refimpl.quants import DEQUANTIZERS
     from refimpl.types import traits
     rng = np.random.default_rng(1)
@@ -373,7 +373,7 @@ def main(argv=None) -> int:
 
     import refimpl.kernels.cuda as kcuda
     from refimpl.kernels.cuda import _device
-    from refimpl.ops._core import OPS
+    from refimpl.dispatch import OPS
     if _device.SIMULATOR and not args.sim:
         print("numba.cuda is the simulator (NUMBA_ENABLE_CUDASIM=1): pass --sim to run there", file=sys.stderr)
         return 2

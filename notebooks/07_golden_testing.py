@@ -128,7 +128,8 @@ plt.show()
 # `vec_dot_type`, Q8_1 blocks for a Q4_1 weight, and takes integer dot products:
 
 # %%
-from refimpl.ops.matmul import FAITHFUL, VEC_DOT_TYPE  # noqa: E402
+from refimpl.ops.matmul import VEC_DOT_TYPE  # noqa: E402
+from refimpl.kernels.ggml.matmul import SUPPORTED  # noqa: E402  (the weight types numerics="ggml" emulates)
 
 for t in ("f16", "q4_0", "q4_1", "q4_K", "q8_0"):
     print(f"{t:5} weights: ggml-cpu converts activations to {refimpl.traits(VEC_DOT_TYPE[refimpl.as_type(t)]).name}")
@@ -151,12 +152,12 @@ if HAVE_GGML:
 # for the types it covers:
 
 # %%
-if "q4_1" not in FAITHFUL:
+if refimpl.as_type("q4_1") not in SUPPORTED:
     print("numerics='ggml' is not available for q4_1 mul_mat in this version of refimpl; exact mode only")
 elif HAVE_GGML:
-    faithful = refimpl.mul_mat(W, X, numerics="ggml")
+    faithful = refimpl.mul_mat(W, X, numerics="ggml")           # quantized weights: no llamafile path either
     print("numerics='ggml' vs ggml: identical bits:", np.array_equal(faithful.view(np.uint32), ggml_out.view(np.uint32)))
-    print("weight types with a faithful mul_mat:", sorted(FAITHFUL))
+    print("weight types with a faithful mul_mat:", sorted(refimpl.traits(t).name for t in SUPPORTED))
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.hist(np.log10(np.abs(exact - ggml_out).reshape(-1) + 1e-12), bins=50, label="exact - ggml")
     ax.hist(np.log10(np.abs(with_q8_1 - ggml_out).reshape(-1) + 1e-12), bins=50, alpha=0.7, label="Q8_1 activations - ggml")

@@ -692,6 +692,7 @@ def compare_op(op: str, *, numerics: str = "exact", n_cases: int = 10, seed: int
     (op, case type, "ggml-faithful" under numerics="ggml" where there is one, else "ggml")."""
     from . import backend
     from . import numerics as numerics_mode
+    from .dispatch import ggml_numerics
     from .testing import ggml as oracle
     from .testing.cases import named_cases
     from .testing.golden import check_values
@@ -701,15 +702,17 @@ def compare_op(op: str, *, numerics: str = "exact", n_cases: int = 10, seed: int
     cases = (named_cases(op) if named else []) + _drawn_cases(op, n_cases, seed)
     if not cases:
         raise KeyError(f"no golden cases for op {op!r} (refimpl.testing.cases)")
+    # ggml-python's build has no llamafile sgemm: its profile is "ggml-nollamafile"
+    mode = "ggml-nollamafile" if numerics == "ggml" else numerics
     rows = []
     for case in cases:
         t = None
-        if numerics == "ggml":
+        if ggml_numerics(mode):
             with contextlib.suppress(KeyError):
                 t = tol(case.op, case.type, "ggml-faithful")
         t = t or tol(case.op, case.type, "ggml")
         bud = 0.0 if t.exact else (t.nmse if t.nmse is not None else math.nan)
-        with numerics_mode(numerics), backend("numpy"), np.errstate(all="ignore"):
+        with numerics_mode(mode), backend("numpy"), np.errstate(all="ignore"):
             ours = case.run()
         theirs = case.run_ggml()
         a, e = _values(ours), _values(theirs)

@@ -159,7 +159,7 @@ def quantize(x, type, *, method: str = "chunk") -> QTensor:
            They differ only for Q8_0/Q8_1 ("cpu" rounds half to even with 127/amax) and IQ4_NL
            ("chunk" runs a 15-step scale search); see docs/types.md.
     """
-    from .ops._core import kernel_for
+    from .dispatch import kernel_for
     from .quants import get_quantizer
     t = as_type(type)
     tr = traits(t)
@@ -190,7 +190,7 @@ def dequantize(qt) -> np.ndarray:
     if not isinstance(qt, QTensor):
         return np.asarray(qt, dtype=np.float32)
     if not _DQ:                                 # imported on first use (refimpl.quants imports this module)
-        from .ops._core import kernel_for
+        from .dispatch import kernel_for
         from .quants import DEQUANTIZERS
         from .quants._common import CHUNK
         _DQ.update(kernel_for=kernel_for, DEQUANTIZERS=DEQUANTIZERS, CHUNK=CHUNK)

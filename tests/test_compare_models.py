@@ -19,8 +19,8 @@ from refimpl.compare import (_drawn_cases, _same_bits, compare, family, first_ov
                              llama_cpp_available, llama_cpp_system_info, model_arch, profile_problems)
 from refimpl.convert import convert
 from refimpl.convert import rwkv as rwkv_convert
-from refimpl.ops.faithful import OPS
-from refimpl.ops.faithful.llamafile import takes_sgemm
+from refimpl.kernels.ggml.ops import OPS
+from refimpl.kernels.ggml.llamafile import takes_sgemm
 from refimpl.requantize import requantize
 from refimpl.testing.cases import named_cases
 from refimpl.testing.tolerances import tol
@@ -195,6 +195,6 @@ def test_new_emulations_match_ggml(ggml, op, n_drawn):
 
 def test_libm_keeps_the_sign_of_zero():
     """tanhf(-0) = -0 and tanhf(+0) = +0: the per-distinct-argument cache keys on bits, not values."""
-    from refimpl.ops.faithful.simd import libm
+    from refimpl.kernels.ggml.simd import libm
     out = libm("tanhf", np.array([0.0, -0.0, -0.0, 0.0], np.float32))
     assert list(np.signbit(out)) == [False, True, True, False]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import refimpl
 from refimpl import dequantize
 from refimpl.ops import add, mul_mat, mul_mat_id, rms_norm, rope_ext, soft_max_ext, swiglu
-from refimpl.ops._core import NUMERICS
+from refimpl.dispatch import NUMERICS
 from refimpl.qtensor import QTensor
 from refimpl.testing import BLOCK_KINDS, assert_bits_equal, assert_nmse, make_block, tol
 from refimpl.types import as_type, traits
@@ -246,7 +246,7 @@ def test_unknown_mode_is_rejected_with_the_modes_named():
             raise_it()
         for mode in NUMERICS:
             assert repr(mode) in str(e.value), (mode, str(e.value))
-    assert set(NUMERICS) == {"exact", "ggml", "fast"}
+    assert set(NUMERICS) == {"exact", "ggml", "ggml-nollamafile", "fast"}
 
 
 # -- everything else is exact mode ---------------------------------------------------------------------------

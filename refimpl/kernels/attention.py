@@ -30,8 +30,8 @@ import numpy as np
 from numba import njit
 
 from ..ops import attention as ref_at
-from ..ops._core import register
-from ..ops._shapes import ne4
+from ..dispatch import register
+from ..shapes import ne4
 from ..ops.softmax import alibi_slopes
 from ..qtensor import QTensor, dequantize
 from ._common import pairwise_sum_f64, parallel_ranges

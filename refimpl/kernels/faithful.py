@@ -1,6 +1,6 @@
 """Numba kernels of mul_mat with numerics="ggml": ggml-cpu's integer dot products, bit for bit.
 
-Each kernel replaces one dot function of refimpl/ops/faithful/matmul.py (registered with
+Each kernel replaces one dot function of refimpl/kernels/ggml/matmul.py (registered with
 `implements(<that function>, "numba")`; `matmul._dots` asks `kernel_for` and calls it under the numba
 backend) and computes the same bits: the same integer lanes (element e of a block feeds register lane
 (e % 32) // 4; integer sums are exact, so their order is free), converted to f32 by one rounding, the
@@ -36,8 +36,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from ..ops._core import implements
-from ..ops.faithful import matmul as fm
+from ..dispatch import implements
+from .ggml import matmul as fm
 from ..quants import legacy
 from ._common import f16_bits, f16_to_f32, parallel_ranges
 

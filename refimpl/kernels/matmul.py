@@ -33,8 +33,8 @@ import threading
 from numba import njit, prange
 
 from ..ops import matmul as ref_mm
-from ..ops._core import current_numerics, register
-from ..ops._shapes import ne4
+from ..dispatch import current_numerics, register
+from ..shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 from . import blas_threads, mkl, quants, simd
@@ -444,26 +444,26 @@ def _covered(a, b) -> bool:
 
 
 @register("mul_mat", backend="numba")
-def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
+def mul_mat(a, b) -> np.ndarray:
     """ggml_mul_mat(ctx, a, b) (see refimpl.ops.matmul.mul_mat): decode path fused per weight row, prefill
     path the reference's BLAS tiles (f64 exact, f32 fast) with Numba-decoded weights."""
     if not isinstance(b, QTensor):
         b = np.asarray(b)
     if not isinstance(a, QTensor):
         a = np.asarray(a)
-    mode = current_numerics(numerics)
-    if (mode != "ggml" and type(b) is np.ndarray and b.ndim == 2 and 0 < b.shape[0] <= DECODE_ROWS
+    mode = current_numerics()                   # "exact" or "fast": what this kernel is registered for
+    if (type(b) is np.ndarray and b.ndim == 2 and 0 < b.shape[0] <= DECODE_ROWS
             and b.shape[1] > 0 and b.dtype == _F32 and b.flags.c_contiguous):
         out = _decode_2d(a, b, mode == "fast")
         if out is not None:
             return out
-    if (mode != "ggml" and type(b) is np.ndarray and type(a) is np.ndarray and b.ndim == 3 and a.ndim == 3
+    if (type(b) is np.ndarray and type(a) is np.ndarray and b.ndim == 3 and a.ndim == 3
             and 0 < b.shape[1] <= DECODE_ROWS and b.dtype == _F32 and a.dtype == _F32):
         out = _attn_decode(a, b, mode == "fast")
         if out is not None:
             return out
-    if mode == "ggml" or not _covered(a, b):
-        return ref_mm.mul_mat.reference(a, b, numerics=numerics)
+    if not _covered(a, b):
+        return NotImplemented                   # the next implementation (NumPy fast, or the reference)
     fast = mode == "fast"
     dt = np.float32 if fast else np.float64
     na, nb = ne4(a.shape), ne4(b.shape)

@@ -17,7 +17,7 @@ from numba import njit
 
 from ..ops.norm import norm as _norm_op
 from ..ops.norm import rms_norm as _rms_norm_op
-from ..ops._core import register
+from ..dispatch import register
 from ._common import pairwise_sum_f64, parallel_ranges
 
 PAR_MIN = 1 << 17       # elements per thread at least (a hand-off to the pool costs ~70 us: SmolLM2's

@@ -25,7 +25,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from ..ops._core import implements
+from ..dispatch import implements
 from ..quants import QUANTIZERS, fp4, iq, kquants, legacy, ternary
 from ..types import GGMLType, traits
 from ._common import (add_half_away, c_int8, c_uint8, f16_bits, f32_bits, f32_from_bits, fl16, nearest_int,

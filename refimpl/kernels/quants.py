@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 from numba.np.ufunc import parallel as _numba_parallel
 
-from ..ops._core import implements
+from ..dispatch import implements
 from ..quants import DEQUANTIZERS
 from ..types import GGMLType, traits
 from . import simd

@@ -18,8 +18,8 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from ..ops import recurrent as ref_rc
-from ..ops._core import register
-from ..ops._shapes import ne4
+from ..dispatch import register
+from ..shapes import ne4
 from ._common import parallel_ranges
 
 PAR_MIN = 1 << 16       # state updates (tokens * S * S) per thread at least

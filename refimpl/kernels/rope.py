@@ -21,8 +21,8 @@ import numpy as np
 from numba import njit
 
 from ..ops import rope as ref_rope
-from ..ops._core import register
-from ..ops._shapes import ne4
+from ..dispatch import register
+from ..shapes import ne4
 from ._common import parallel_ranges
 
 F32 = np.float32

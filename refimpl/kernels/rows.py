@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import movement as ref_mv
-from ..ops._core import register
-from ..ops._shapes import ne4
+from ..dispatch import register
+from ..shapes import ne4
 from ..qtensor import QTensor
 from ..types import traits
 from . import quants

@@ -15,8 +15,8 @@ import numpy as np
 from numba import njit
 
 from ..ops import softmax as ref_sm
-from ..ops._core import register
-from ..ops._shapes import ne4
+from ..dispatch import register
+from ..shapes import ne4
 from . import simd
 from ._common import pairwise_sum_f64, parallel_ranges
 from .vexp import exp32_into

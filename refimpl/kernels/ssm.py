@@ -16,8 +16,8 @@ import numpy as np
 from numba import njit
 
 from ..ops import recurrent as ref_rc
-from ..ops._core import register
-from ..ops._shapes import ne4
+from ..dispatch import register
+from ..shapes import ne4
 from ._common import pairwise_sum_f64, parallel_ranges
 
 PAR_MIN = 1 << 16       # state updates (n_seq_tokens * head_dim * d_state) per thread at least

@@ -20,8 +20,8 @@ import numpy as np
 from numba import njit
 
 from ..ops import elementwise as ref_ew
-from ..ops._core import register
-from ..ops._shapes import ne4
+from ..dispatch import register
+from ..shapes import ne4
 from ..quants._common import f16_to_f32
 from ._common import f16_bits, parallel_ranges
 from .vexp import exp32_into

@@ -69,8 +69,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import add, current_backend, current_numerics, gelu, gelu_erf, get_rows, mul, norm, soft_max_ext
-from ..ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
+from ..ops import (add, current_backend, current_numerics, gelu, gelu_erf, get_rows, ggml_numerics, mul, norm,
+                   soft_max_ext)
+from ..ops import mul_mat
 from .llama import device_constant, gpu_mode, on_device, permuted, to_device, to_host
 
 A = Any  # np.ndarray or QTensor
@@ -385,8 +386,8 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
         if out is not None:
             return out
     # ggml permutes Q as a view: under numerics="ggml" it stays a strided NumPy view, so that
-    # ops.faithful.llamafile.mul_mat sees the non-contiguous f32 src1 that makes llama.cpp take vec_dot for kq
-    ggml_view = current_numerics() == "ggml" and not on_device(q)
+    # under numerics="ggml" the llamafile emulation sees the non-contiguous f32 src1 that makes llama.cpp take vec_dot for kq
+    ggml_view = ggml_numerics() and not on_device(q)
     qh = q.transpose(0, 2, 1, 3) if ggml_view else permuted(q, (0, 2, 1, 3))   # (S, H, T, D)  ne [D, T, H, S]
     kh = permuted(k, (0, 2, 1, 3))
     kq = mul_mat(kh, qh)                                         # (S, H, T, n_kv)  ne [n_kv, T, H, S]
@@ -492,7 +493,7 @@ def _qkv_weights(w: Layer):
 def _fused_tail(cap, x):
     """kernels.norm.add_norm_affine on the Numba backend in exact or fast numerics with no capture (the op
     sequence bias add, residual add, norm, * w, + b in one pass, with its bits), else None: run the ops."""
-    if cap is _no_capture and current_backend() == "numba" and current_numerics() != "ggml" and not on_device(x):
+    if cap is _no_capture and current_backend() == "numba" and not ggml_numerics() and not on_device(x):
         from ..kernels.norm import add_norm_affine
         return add_norm_affine
     return None

@@ -30,8 +30,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import add, current_backend, current_numerics, get_rows, mul, rms_norm, rope_ext, soft_max_ext, swiglu
-from ..ops import mul_mat as _mul_mat
+from ..ops import (add, current_backend, current_numerics, get_rows, ggml_numerics, mul, mul_mat, rms_norm,
+                   rope_ext, soft_max_ext, swiglu)
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
@@ -48,7 +48,7 @@ def on_device(x) -> bool:
 
 def gpu_mode() -> bool:
     """Ops run CUDA kernels: backend "cuda" in exact numerics (numerics="ggml" runs the NumPy emulation)."""
-    return current_backend() == "cuda" and current_numerics() != "ggml"
+    return current_backend() == "cuda" and not ggml_numerics()
 
 
 def movement():
@@ -383,7 +383,7 @@ def new_cache(model: LlamaModel, n_ctx: int | None = None, dtype=None) -> KVCach
     hp = model.hparams
     n_ctx = n_ctx or min(hp.n_ctx_train or 2048, 2048)
     if dtype is None:
-        dtype = np.float16 if current_numerics() == "ggml" else np.float32
+        dtype = np.float16 if ggml_numerics() else np.float32
     return KVCache(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim, dtype)
 
 
@@ -413,54 +413,19 @@ def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
 #   n_kv    the graph spans a multiple of KV_PAD cells, the unused ones masked with -inf. They add exact
 #           zeros, but they change how soft_max_ext's row splits into 8-lane chunks and its tail, and
 #           kqv's dot length, hence the roundings.
-#   sgemm   llama.cpp compiles llamafile's sgemm (GGML_USE_LLAMAFILE). For a product with at least two
-#           columns (n_tokens >= 2) and k a multiple of 8, its tinyBLAS kernel replaces ggml's vec_dot on
-#           F32 and F16 sources (the f32 activations converted to f16 first for F16): one 8-lane
-#           accumulator per output, acc = fma(a[l:l+8], b[l:l+8], acc) for l = 0, 8, ..., then hsum_b.
-#           ggml-python's build (refimpl's op-level goldens) has it off, so the op emulation is vec_dot's;
-#           the model follows llamafile (LLAMAFILE_SGEMM) for the attention products and for the F32/F16
-#           weight products (`mul_mat` below). A single-token decode (one column) always takes vec_dot.
+#   sgemm   llama.cpp compiles llamafile's sgemm: F32/F16 products with >= 2 tokens take tinyBLAS's order.
+#           That is the "llamafile" part of the numerics="ggml" profile (refimpl.kernels.ggml.llamafile),
+#           chosen by the dispatch: the model just calls mul_mat.
 
 KV_PAD = 256            # llama.cpp's KV cache: the graph attends over ceil(n_used / KV_PAD) * KV_PAD cells
-LLAMAFILE_SGEMM = True  # numerics="ggml": F32/F16 products with >= 2 tokens follow llamafile's tinyBLAS
-SGEMM_LANES = 8         # tinyBLAS's vector width for F32/F16 on AVX2 (k must be a multiple of it)
-_SGEMM_TILE = 1 << 21   # outputs x lanes per step of _sgemm (bounds its f64 temporaries to ~50 MB)
 
 
 def n_kv_cells(n_used: int) -> int:
     """The number of cache cells the attention spans after n_used positions are filled: n_used in exact
     mode; under numerics="ggml" llama.cpp's padded count, a multiple of KV_PAD."""
-    if current_numerics() != "ggml":
+    if not ggml_numerics():
         return n_used
     return -(-n_used // KV_PAD) * KV_PAD
-
-
-def _sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """llamafile's tinyBLAS product (refimpl.ops.faithful.llamafile.sgemm): a (G, n, k), b (G, r, m, k)."""
-    from ..ops.faithful.llamafile import sgemm
-    return sgemm(a, b)
-
-
-def mul_mat(a, b):
-    """ggml's mul_mat for the weight products; under numerics="ggml", an F32/F16 weight times >= 2 tokens
-    (k a multiple of 8) takes llamafile's tinyBLAS order, as llama.cpp's build does (module notes above)."""
-    if (LLAMAFILE_SGEMM and isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float16) and a.ndim == 2
-            and np.ndim(b) == 2 and b.shape[0] >= 2 and a.shape[1] % SGEMM_LANES == 0
-            and current_numerics() == "ggml"):
-        return _sgemm(a[None], np.asarray(b)[None, None])[0, 0]
-    return _mul_mat(a, b)
-
-
-def _attn_mul_mat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """mul_mat(a, b) for the attention products, a (G, n, k) the cache side and b (H, m, k) f32: ggml's
-    mul_mat, or under numerics="ggml" llamafile's tinyBLAS where llama.cpp's build takes it (module notes
-    above)."""
-    G, n, k = a.shape
-    H, m, _ = b.shape
-    if (LLAMAFILE_SGEMM and current_numerics() == "ggml" and m >= 2 and k % SGEMM_LANES == 0
-            and a.dtype in (np.float16, np.float32)):
-        return _sgemm(a, b.reshape(G, H // G, m, k)).reshape(H, m, n)
-    return _mul_mat(a, b)
 
 
 def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
@@ -475,14 +440,14 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     qh = permuted(q, (1, 0, 2))                                # (H, T, D)    ne [D, T, H]
     # K as a view of the cache's rows (ggml's permute is a view too): the Numba decode kernel reads them in
     # place; a product that needs them packed copies them itself. numerics="ggml" keeps its packed copy.
-    kh = (k.transpose(1, 0, 2) if not on_device(k) and current_numerics() != "ggml"
+    kh = (k.transpose(1, 0, 2) if not on_device(k) and not ggml_numerics()
           else permuted(k, (1, 0, 2)))                         # (Hkv, n_kv, D)
-    kq = _attn_mul_mat(kh, qh)                                 # (H, T, n_kv) ne [n_kv, T, H]
+    kq = mul_mat(kh, qh)                                 # (H, T, n_kv) ne [n_kv, T, H]
     cap(f"kq-{il}", kq)
     kq = soft_max_ext(kq, mask, scale, 0.0)
     cap(f"kq_soft_max-{il}", kq)
     vt = permuted(v, (1, 2, 0))                                # (Hkv, D, n_kv)
-    kqv = _attn_mul_mat(vt, kq)                                # (H, T, D)
+    kqv = mul_mat(vt, kq)                                # (H, T, D)
     cap(f"kqv-{il}", kqv)
     out = permuted(kqv, (1, 0, 2)).reshape(T, H * D)
     cap(f"kqv_out-{il}", out)
@@ -510,7 +475,7 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     cap(f"Kcur-{il}", k)
     cap(f"Vcur-{il}", v)
     kk, vv = cache.store(il, k, v, pos)
-    if current_numerics() == "ggml":                 # llama.cpp's view: the cells as stored, padded span
+    if ggml_numerics():                              # llama.cpp's view: the cells as stored, padded span
         kk, vv = cache.cells(il, mask.shape[-1])
     attn = mul_mat(w.attn_output, attention(q, kk, vv, mask, 1.0 / float(np.sqrt(D)), cap, il))
     cap(f"attn_out-{il}", attn)

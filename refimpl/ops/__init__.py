@@ -3,12 +3,12 @@
 Shapes are NumPy order (ggml `ne` reversed); each op's docstring gives both. Ops are grouped by family,
 one module each; all are re-exported here and as `refimpl.<name>`.
 """
-from ._core import OPS, backend, current_backend, current_numerics, numerics, op, register  # noqa: F401
-from ._shapes import GGMLShapeError  # noqa: F401
+from ..dispatch import (OPS, backend, current_backend, current_numerics, ggml_numerics, numerics, op,  # noqa: F401
+                        register)
+from ..shapes import GGMLShapeError  # noqa: F401
 
 from . import elementwise, reduce, movement, norm, softmax, rope, attention, loss  # noqa: E402,F401
 from . import matmul, conv, recurrent, sort  # noqa: E402,F401
-from . import faithful  # noqa: E402,F401  (registers the numerics="ggml" emulations)
 
 
 _MODULES = (elementwise, reduce, movement, norm, softmax, rope, attention, loss, matmul, conv, recurrent, sort)

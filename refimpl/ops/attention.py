@@ -5,8 +5,8 @@ import numpy as np
 
 from ..qtensor import QTensor, dequantize
 from ..types import GGMLType
-from ._core import op
-from ._shapes import fail, ne4
+from ..dispatch import op
+from ..shapes import fail, ne4
 from .softmax import alibi_slopes
 
 # K types ggml-cpu's flash attention takes: any with a vec_dot and a from_float for its vec_dot_type

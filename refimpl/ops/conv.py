@@ -18,8 +18,8 @@ import numpy as np
 
 from ..qtensor import QTensor, dequantize, quantize
 from ..types import GGMLType, as_type
-from ._core import op
-from ._shapes import fail, ne4, nonempty
+from ..dispatch import op
+from ..shapes import fail, ne4, nonempty
 from .matmul import mul_mat
 
 # enum ggml_op_pool

@@ -24,8 +24,8 @@ from ..qtensor import QTensor, dequantize, quantize
 from ..quants._common import f16_bits, f16_to_f32
 from ..quants.floats import f32_to_bf16_bits
 from ..types import GGMLType
-from ._core import current_numerics, op
-from ._shapes import fail, ne4, nonempty, tile_to
+from ..dispatch import op
+from ..shapes import fail, ne4, nonempty, tile_to
 
 f32 = np.float32
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -37,7 +37,7 @@ _DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dty
                 np.dtype(np.int64): "i64", np.dtype(np.float64): "f64"}
 
 
-def _tname(x) -> str:
+def type_name(x) -> str:
     """The ggml type name of an ndarray or QTensor: "f32", "f16", "bf16", "i32", "q4_0", ..."""
     if isinstance(x, QTensor):
         return x.traits.name.lower()
@@ -47,7 +47,7 @@ def _tname(x) -> str:
 
 def _load(name: str, x, types=FLOAT_TYPES, what: str = "a") -> tuple[np.ndarray, str]:
     """x's values in f32 (exact for f16/bf16) and its type name; fail unless the type is in `types`."""
-    t = _tname(x)
+    t = type_name(x)
     if t not in types:
         fail(name, f"{what} must be {'/'.join(types)}, got {t}", **{what: x})
     if isinstance(x, QTensor):                          # bf16 (the only QTensor these ops take): bits << 16
@@ -169,7 +169,7 @@ def _binary(name, a, b, fn):
         with np.errstate(all="ignore"):
             return fn(a, b)
     x, ta = _load(name, a, tuple(_BINARY_TYPES))
-    tb = _tname(b)
+    tb = type_name(b)
     if tb not in _BINARY_TYPES[ta]:
         fail(name, f"src1 must be {'/'.join(_BINARY_TYPES[ta])} when src0 is {ta}, got {tb}", a=a, b=b)
     _check_layout(name, "rows", a=a)
@@ -208,7 +208,7 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     row is dequantized, added in f32 and requantized with ggml-cpu's from_float (quantize(method="cpu")).
     """
     if isinstance(a, QTensor) and a.traits.blck_size > 1:
-        if _tname(b) != "f32" or ne4(np.shape(b)) != ne4(a.shape):
+        if type_name(b) != "f32" or ne4(np.shape(b)) != ne4(a.shape):
             fail("add", "a quantized a needs b f32 of the same shape", a=a, b=b)
         _check_layout("add", "rows", b=b)
         return _quant_add("add", a, np.asarray(b).reshape(a.shape))
@@ -271,11 +271,11 @@ def add1(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         nonempty("add1", a=a)
     _check_layout("add1", "contiguous_1", a=a)
     if isinstance(a, QTensor) and a.traits.blck_size > 1:
-        if _tname(b) != "f32" or int(np.prod(np.shape(b))) != 1:
+        if type_name(b) != "f32" or int(np.prod(np.shape(b))) != 1:
             fail("add1", "b must be an f32 scalar when a is quantized", a=a, b=b)
         return _quant_add("add1", a, np.float32(np.asarray(b).reshape(())))
     x, ta = _load("add1", a, FLOAT_TYPES)
-    tb = _tname(b)
+    tb = type_name(b)
     if tb not in _BINARY_TYPES[ta]:
         fail("add1", f"b must be {'/'.join(_BINARY_TYPES[ta])} when a is {ta}, got {tb}", a=a, b=b)
     if int(np.prod(np.shape(b) if not isinstance(b, QTensor) else b.shape)) != 1:
@@ -319,7 +319,10 @@ def add_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 # -- unary ops -----------------------------------------------------------------------------------------
 
-def _unary(name, a, f, types=FLOAT_TYPES, layout="rows"):
+def map_unary(name, a, f, types=FLOAT_TYPES, layout="rows"):
+    """What every unary op shares: a's values in f32 (f16/bf16 exactly), f applied, rounded once to a's type;
+    fails (naming op `name`) unless a's type is in `types` and its layout is `layout`. The ggml-numerics
+    emulations (refimpl.kernels.ggml) call it with their own f."""
     if type(a) is np.ndarray and a.dtype == _F32 and a.flags.c_contiguous and "f32" in types:
         with np.errstate(all="ignore"):           # f32, packed: nothing to load, check or round (~25 us less)
             y = f(a)
@@ -354,125 +357,116 @@ _LIBM_NOTE = ("Computed in f32 from a's values and rounded once to a's type; the
 @op("sqr")
 @_doc(_unary_doc("ggml_sqr: the square of each element.", "out = a * a   (f32, rounded once to a's type)"))
 def sqr(a):
-    return _unary("sqr", a, lambda x: x * x)
+    return map_unary("sqr", a, lambda x: x * x)
 
 
 @op("sqrt")
 @_doc(_unary_doc("ggml_sqrt: the square root of each element.", "out = sqrtf(a)   (IEEE, correctly rounded; "
                  "nan for a < 0)"))
 def sqrt(a):
-    return _unary("sqrt", a, np.sqrt)
+    return map_unary("sqrt", a, np.sqrt)
 
 
 @op("log")
 @_doc(_unary_doc("ggml_log: the natural logarithm of each element.", "out = logf(a)   (-inf at 0, nan below)",
                  _LIBM_NOTE))
 def log(a):
-    return _unary("log", a, lambda x: _libm(np.log, x))
+    return map_unary("log", a, lambda x: _libm(np.log, x))
 
 
 @op("sin")
 @_doc(_unary_doc("ggml_sin: the sine of each element (radians).", "out = sinf(a)", _LIBM_NOTE))
 def sin(a):
-    return _unary("sin", a, lambda x: _libm(np.sin, x))
+    return map_unary("sin", a, lambda x: _libm(np.sin, x))
 
 
 @op("cos")
 @_doc(_unary_doc("ggml_cos: the cosine of each element (radians).", "out = cosf(a)", _LIBM_NOTE))
 def cos(a):
-    return _unary("cos", a, lambda x: _libm(np.cos, x))
+    return map_unary("cos", a, lambda x: _libm(np.cos, x))
 
 
 @op("abs", covers="UNARY:ABS")
 @_doc(_unary_doc("ggml_abs: |a| element-wise.", "out = fabsf(a)"))
 def abs(a):  # noqa: A001  (ggml's name; shadows the builtin in this module only)
-    return _unary("abs", a, np.abs)
+    return map_unary("abs", a, np.abs)
 
 
 @op("sgn", covers="UNARY:SGN")
 @_doc(_unary_doc("ggml_sgn: the sign of each element.", "out = 1 if a > 0, -1 if a < 0, else 0 (also for "
                  "-0 and nan)"))
 def sgn(a):
-    return _unary("sgn", a, lambda x: np.where(x > 0, f32(1), np.where(x < 0, f32(-1), f32(0))))
+    return map_unary("sgn", a, lambda x: np.where(x > 0, f32(1), np.where(x < 0, f32(-1), f32(0))))
 
 
 @op("neg", covers="UNARY:NEG")
 @_doc(_unary_doc("ggml_neg: -a element-wise.", "out = -a   (flips the sign bit, also of 0 and nan)"))
 def neg(a):
-    return _unary("neg", a, np.negative)
+    return map_unary("neg", a, np.negative)
 
 
 @op("step", covers="UNARY:STEP")
 @_doc(_unary_doc("ggml_step: the Heaviside step of each element.", "out = 1 if a > 0 else 0"))
 def step(a):
-    return _unary("step", a, lambda x: np.where(x > 0, f32(1), f32(0)))
+    return map_unary("step", a, lambda x: np.where(x > 0, f32(1), f32(0)))
 
 
 @op("tanh", covers="UNARY:TANH")
 @_doc(_unary_doc("ggml_tanh: the hyperbolic tangent of each element.", "out = tanhf(a)", _LIBM_NOTE))
-def tanh(a, *, numerics: str | None = None):
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["tanh"](a)
-    return _unary("tanh", a, lambda x: _libm(np.tanh, x))
+def tanh(a):
+    return map_unary("tanh", a, lambda x: _libm(np.tanh, x))
 
 
 @op("elu", covers="UNARY:ELU")
 @_doc(_unary_doc("ggml_elu: exponential linear unit (alpha = 1).", "out = a if a > 0 else expm1f(a)",
                  _LIBM_NOTE))
 def elu(a):
-    return _unary("elu", a, lambda x: np.where(x > 0, x, _libm(np.expm1, x)))
+    return map_unary("elu", a, lambda x: np.where(x > 0, x, _libm(np.expm1, x)))
 
 
 @op("relu", covers="UNARY:RELU")
 @_doc(_unary_doc("ggml_relu: rectified linear unit.", "out = a if a > 0 else 0   (+0 for -0 and nan)"))
 def relu(a):
-    return _unary("relu", a, lambda x: np.where(x > 0, x, f32(0)))
+    return map_unary("relu", a, lambda x: np.where(x > 0, x, f32(0)))
 
 
 @op("sigmoid", covers="UNARY:SIGMOID")
 @_doc(_unary_doc("ggml_sigmoid: the logistic function.", "out = 1 / (1 + expf(-a))   (f32 steps)", _LIBM_NOTE))
-def sigmoid(a, *, numerics: str | None = None):
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["sigmoid"](a)
-    return _unary("sigmoid", a, lambda x: f32(1) / (f32(1) + _expf(-x)))
+def sigmoid(a):
+    return map_unary("sigmoid", a, lambda x: f32(1) / (f32(1) + _expf(-x)))
 
 
 @op("hardsigmoid", covers="UNARY:HARDSIGMOID")
 @_doc(_unary_doc("ggml_hardsigmoid: the piecewise-linear sigmoid.",
                  "out = fminf(1, fmaxf(0, (a + 3) / 6))   (f32 steps; fmaxf/fminf ignore nan: nan -> 0)"))
 def hardsigmoid(a):
-    return _unary("hardsigmoid", a, lambda x: np.fmin(f32(1), np.fmax(f32(0), (x + f32(3)) / f32(6))))
+    return map_unary("hardsigmoid", a, lambda x: np.fmin(f32(1), np.fmax(f32(0), (x + f32(3)) / f32(6))))
 
 
 @op("hardswish", covers="UNARY:HARDSWISH")
 @_doc(_unary_doc("ggml_hardswish: a * hardsigmoid(a).", "out = a * fminf(1, fmaxf(0, (a + 3) / 6))   (f32 steps)"))
 def hardswish(a):
-    return _unary("hardswish", a, lambda x: x * np.fmin(f32(1), np.fmax(f32(0), (x + f32(3)) / f32(6))))
+    return map_unary("hardswish", a, lambda x: x * np.fmin(f32(1), np.fmax(f32(0), (x + f32(3)) / f32(6))))
 
 
 @op("exp", covers="UNARY:EXP")
 @_doc(_unary_doc("ggml_exp: e**a element-wise.", "out = expf(a)", _LIBM_NOTE))
-def exp(a, *, numerics: str | None = None):
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["exp"](a)
-    return _unary("exp", a, _expf)
+def exp(a):
+    return map_unary("exp", a, _expf)
 
 
 @op("expm1", covers="UNARY:EXPM1")
 @_doc(_unary_doc("ggml_expm1: e**a - 1 element-wise.", "out = expf(a) - 1   (two f32 steps, as ggml-cpu: "
                  "not expm1f, so small |a| loses precision exactly as in ggml)", _LIBM_NOTE))
 def expm1(a):
-    return _unary("expm1", a, lambda x: _expf(x) - f32(1))
+    return map_unary("expm1", a, lambda x: _expf(x) - f32(1))
 
 
 @op("softplus", covers="UNARY:SOFTPLUS")
 @_doc(_unary_doc("ggml_softplus: a smooth relu.", "out = a if a > 20 else logf(1 + expf(a))   (f32 steps)",
                  _LIBM_NOTE))
 def softplus(a):
-    return _unary("softplus", a, _softplus)
+    return map_unary("softplus", a, _softplus)
 
 
 def _softplus(x):
@@ -482,13 +476,13 @@ def _softplus(x):
 @op("floor", covers="UNARY:FLOOR")
 @_doc(_unary_doc("ggml_floor: round down to an integer.", "out = floorf(a)"))
 def floor(a):
-    return _unary("floor", a, np.floor)
+    return map_unary("floor", a, np.floor)
 
 
 @op("ceil", covers="UNARY:CEIL")
 @_doc(_unary_doc("ggml_ceil: round up to an integer.", "out = ceilf(a)"))
 def ceil(a):
-    return _unary("ceil", a, np.ceil)
+    return map_unary("ceil", a, np.ceil)
 
 
 @op("round", covers="UNARY:ROUND")
@@ -498,17 +492,17 @@ def round(a):  # noqa: A001  (ggml's name; shadows the builtin in this module on
     def roundf(x):
         x64 = x.astype(np.float64)                       # |x| + 0.5 is exact in f64 for every f32 x
         return np.copysign(np.floor(np.abs(x64) + 0.5), x64).astype(np.float32)
-    return _unary("round", a, roundf)
+    return map_unary("round", a, roundf)
 
 
 @op("trunc", covers="UNARY:TRUNC")
 @_doc(_unary_doc("ggml_trunc: round toward zero.", "out = truncf(a)"))
 def trunc(a):
-    return _unary("trunc", a, np.trunc)
+    return map_unary("trunc", a, np.trunc)
 
 
 @op("silu", covers="UNARY:SILU")
-def silu(a, *, numerics: str | None = None):
+def silu(a):
     """ggml_silu: sigmoid linear unit (swish), e.g. the FFN gate of llama (n_tokens, n_ff).
 
     a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
@@ -519,10 +513,7 @@ def silu(a, *, numerics: str | None = None):
     exp is the true exponential rounded to f32. ggml-cpu's f32 kernel (AVX2) uses a SIMD polynomial exp on
     8-element chunks and libm expf on the row's tail: results differ from it by about an ulp.
     """
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["silu"](a)
-    return _unary("silu", a, _silu, ("f32", "f16"))
+    return map_unary("silu", a, _silu, ("f32", "f16"))
 
 
 def _silu(x):
@@ -535,7 +526,7 @@ def _silu(x):
                  _LIBM_NOTE + " For large negative a the f32 formula cancels (relative error ~1e-5 at "
                  "-4 vs the true GELU), as in ggml.", "f32/f16"))
 def gelu_erf(a):
-    return _unary("gelu_erf", a, _gelu_erf, ("f32", "f16"))
+    return map_unary("gelu_erf", a, _gelu_erf, ("f32", "f16"))
 
 
 _SQRT_2_INV = f32(0.70710678118654752440084436210484)
@@ -617,7 +608,7 @@ def gelu_quick(a):
     first, so gelu_quick(1e5) = inf and gelu_quick(-1e5) = nan (-inf * 0), exactly as ggml-cpu. The formula
     without the table misses ggml-cpu by NMSE 1.1e-7 on uniform [-5, 5], above ggml's 1e-7 ceiling.
     """
-    return _unary("gelu_quick", a, lambda x: _lookup(gelu_quick_table(), x), ("f32", "f16"))
+    return map_unary("gelu_quick", a, lambda x: _lookup(gelu_quick_table(), x), ("f32", "f16"))
 
 
 @op("xielu", covers="UNARY:XIELU")
@@ -685,8 +676,9 @@ def silu_back(a, b):
 
 # -- GLU: act(x) * g, x and g the two halves of a row (or a and b) -----------------------------------------
 
-def _glu(name, a, b, swapped, act, types=("f32", "f16")):
-    """(x, g, type) for a GLU op: x = a, g = b (split), or the two halves of a's rows (swapped: g first)."""
+def map_glu(name, a, b, swapped, act, types=("f32", "f16")):
+    """What every GLU op shares: act(x, g, type) rounded once to a's type, for x = a, g = b (split), or the
+    two halves of a's rows (swapped: g first)."""
     x, t = _load(name, a, types)
     _check_layout(name, "contiguous_1", a=a)
     if b is not None:
@@ -719,7 +711,7 @@ _GLU_DOC = """{call}
 
 @op("reglu", covers="GLU:REGLU")
 def reglu(a, b=None, *, swapped: bool = False):
-    return _glu("reglu", a, b, swapped, lambda x, g, t: np.where(x > 0, x * g, f32(0)))
+    return map_glu("reglu", a, b, swapped, lambda x, g, t: np.where(x > 0, x * g, f32(0)))
 
 
 @op("geglu", covers="GLU:GEGLU")
@@ -728,25 +720,22 @@ def geglu(a, b=None, *, swapped: bool = False):
         if t == "f16":
             return _lookup(gelu_table(), x) * g
         return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x * g, _lookup(gelu_table(), x) * g))
-    return _glu("geglu", a, b, swapped, act)
+    return map_glu("geglu", a, b, swapped, act)
 
 
 @op("swiglu", covers="GLU:SWIGLU")
-def swiglu(a, b=None, *, swapped: bool = False, numerics: str | None = None):
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["swiglu"](a, b, swapped=swapped)
-    return _glu("swiglu", a, b, swapped, lambda x, g, t: _silu(x) * g)
+def swiglu(a, b=None, *, swapped: bool = False):
+    return map_glu("swiglu", a, b, swapped, lambda x, g, t: _silu(x) * g)
 
 
 @op("geglu_erf", covers="GLU:GEGLU_ERF")
 def geglu_erf(a, b=None, *, swapped: bool = False):
-    return _glu("geglu_erf", a, b, swapped, lambda x, g, t: _gelu_erf(x) * g)
+    return map_glu("geglu_erf", a, b, swapped, lambda x, g, t: _gelu_erf(x) * g)
 
 
 @op("geglu_quick", covers="GLU:GEGLU_QUICK")
 def geglu_quick(a, b=None, *, swapped: bool = False):
-    return _glu("geglu_quick", a, b, swapped, lambda x, g, t: _lookup(gelu_quick_table(), x) * g)
+    return map_glu("geglu_quick", a, b, swapped, lambda x, g, t: _lookup(gelu_quick_table(), x) * g)
 
 
 @op("swiglu_oai", covers="GLU:SWIGLU_OAI")
@@ -755,7 +744,7 @@ def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: 
         xc = np.where(f32(limit) < x, f32(limit), x)                       # std::min(x, limit)
         gc = np.where(g < f32(-limit), f32(-limit), np.where(f32(limit) < g, f32(limit), g))  # std::clamp
         return xc / (f32(1) + _expf(f32(alpha) * -xc)) * (gc + f32(1))
-    return _glu("swiglu_oai", a, b, swapped, act, ("f32",))
+    return map_glu("swiglu_oai", a, b, swapped, act, ("f32",))
 
 
 reglu.__doc__ = _GLU_DOC.format(call="ggml_reglu: relu-gated linear unit.", name="reglu", types="f32/f16",

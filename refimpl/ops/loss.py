@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import op
-from ._shapes import fail, ne4
+from ..dispatch import op
+from ..shapes import fail, ne4
 
 
 def _check(name, **arrays):

@@ -9,15 +9,12 @@ import numpy as np
 
 from ..qtensor import QTensor, dequantize
 from ..types import NUMPY_DTYPES, GGMLType, type_traits
-from ._core import current_numerics, op
-from ._shapes import fail, ne4
+from ..dispatch import op
+from ..shapes import fail, ne4
 
 # Rows of a quantized weight dequantized at a time: enough for BLAS to run at speed, small enough that the
 # whole matrix is never materialised (a 7B-class weight stays quantized).
 TILE_ROWS = 512
-
-# numerics="ggml" emulations, keyed by weight type name; filled by the faithful-numerics work.
-FAITHFUL: dict = {}
 
 # ggml-cpu's type_traits_cpu[t].vec_dot_type: the format ggml-cpu converts b (activations) to before the
 # dot products of mul_mat / mul_mat_id (src/ggml-cpu/ggml-cpu.c). A weight type is usable by mul_mat iff it
@@ -79,11 +76,6 @@ def _activations_f64(b, dtype=np.float64) -> np.ndarray:
     return (dequantize(b) if isinstance(b, QTensor) else np.asarray(b)).astype(dtype, copy=False)
 
 
-def _sum_dtype(mode: str):
-    """The dtype the products of mul_mat / mul_mat_id are summed in: f64 (exact), f32 (fast: BLAS sgemm)."""
-    return np.float32 if mode == "fast" else np.float64
-
-
 def _check_b(name: str, a, b, ta: GGMLType) -> None:
     """b is f32, or already a's vec_dot_type (ggml-cpu asserts src1 == F32 whenever it has to convert)."""
     try:
@@ -110,8 +102,18 @@ def _check_weights(name: str, a) -> GGMLType:
     return ta
 
 
-@op("mul_mat")
-def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
+def _check_mul_mat(a, b) -> None:
+    if not isinstance(b, QTensor):
+        b = np.asarray(b)
+    ta = _check_weights("mul_mat", a)
+    na, nb = ne4(a.shape), ne4(b.shape)
+    if na[0] != nb[0] or 0 in na[2:] or nb[2] % na[2] or nb[3] % na[3]:
+        fail("mul_mat", "need a.ne0 == b.ne0 and b.ne2, b.ne3 multiples of a's", a=a, b=b)
+    _check_b("mul_mat", a, b, ta)
+
+
+@op("mul_mat", check=_check_mul_mat)
+def mul_mat(a, b) -> np.ndarray:
     """ggml_mul_mat(ctx, a, b): dot every row of b with every row of a (C^T = A B^T).
 
     a    ne [k, n, a2, a3]   numpy (a3, a2, n, k)   e.g. a weight (n_ff, n_embd): any type with a CPU vec_dot
@@ -130,23 +132,18 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     summed in f64, rounded once to f32. Fast mode: the same exactly dequantized f32 tiles, summed in f32 by
     BLAS (sgemm), each output within gamma_k * sum_k |a*b| of the exact one. ggml-cpu first converts f32 b
     to the vec_dot_type (measured NMSE vs exact: f16 ~5e-8, bf16 ~4e-6, Q8_0/Q8_1/Q8_K blocks 1-4e-5; see
-    the tolerance table); numerics="ggml" is the hook for that emulation (FAITHFUL).
+    the tolerance table); numerics="ggml" emulates that (refimpl.kernels.ggml.matmul).
     """
-    mode = current_numerics(numerics)
+    return tiled_mul_mat(a, b, np.float64)
+
+
+def tiled_mul_mat(a, b, dt) -> np.ndarray:
+    """mul_mat's product on checked operands, summed in dt: f64 (exact mode, the reference), or f32 (the fast
+    numerics' BLAS sgemm, refimpl.kernels.fast), weights dequantized TILE_ROWS rows at a time."""
     if not isinstance(b, QTensor):
         b = np.asarray(b)
-    ta = _check_weights("mul_mat", a)
     na, nb = ne4(a.shape), ne4(b.shape)
-    if na[0] != nb[0] or 0 in na[2:] or nb[2] % na[2] or nb[3] % na[3]:
-        fail("mul_mat", "need a.ne0 == b.ne0 and b.ne2, b.ne3 multiples of a's", a=a, b=b)
-    _check_b("mul_mat", a, b, ta)
-    if mode == "ggml":
-        key = _tname(ta)
-        if key not in FAITHFUL:
-            raise ValueError(f"mul_mat: numerics='ggml' is not available for {key} weights; use 'exact'")
-        return FAITHFUL[key](a, b)
     a4 = a.reshape(na[::-1]) if isinstance(a, QTensor) else np.asarray(a).reshape(na[::-1])
-    dt = _sum_dtype(mode)
     b4 = _activations_f64(b, dt).reshape(nb[::-1])
     r2, r3 = nb[2] // na[2], nb[3] // na[3]
     out = np.empty((nb[3], nb[2], nb[1], na[1]), np.float32)
@@ -160,23 +157,7 @@ def mul_mat(a, b, *, numerics: str | None = None) -> np.ndarray:
     return out.reshape(out.shape[4 - nd:])
 
 
-@op("mul_mat_id")
-def mul_mat_id(as_, b, ids: np.ndarray, *, numerics: str | None = None) -> np.ndarray:
-    """ggml_mul_mat_id(ctx, as, b, ids): mul_mat with one weight matrix per expert, chosen per token (MoE).
-
-    as_  ne [k, n, n_expert]        numpy (n_expert, n, k)        e.g. ffn_up_exps; any mul_mat weight type
-    b    ne [k, n_b, n_tokens]      numpy (n_tokens, n_b, k)      f32 (or as_'s vec_dot type), n_used % n_b == 0
-    ids  ne [n_used, n_tokens]      numpy (n_tokens, n_used)      i32 expert ids, 0 <= ids < n_expert
-    out  ne [n, n_used, n_tokens]   numpy (n_tokens, n_used, n)   f32
-
-        out[t, e, :] = as_[ids[t, e]] @ b[t, e % n_b]
-
-    b's slot is e modulo n_b (tiling, not repeat): with n_b == 1 every expert of a token sees the same row
-    (llama.cpp's ffn_up_exps on the token itself); with n_b == n_used expert e gets its own row (ffn_down).
-    Only the experts named in ids are dequantized, TILE_ROWS rows at a time. Numerics as mul_mat.
-    Out-of-range ids are undefined in ggml (a debug-only assert); refimpl rejects them.
-    """
-    mode = current_numerics(numerics)
+def _check_mul_mat_id(as_, b, ids) -> None:
     if not isinstance(b, QTensor):
         b = np.asarray(b)
     ids = np.asarray(ids)
@@ -192,14 +173,35 @@ def mul_mat_id(as_, b, ids: np.ndarray, *, numerics: str | None = None) -> np.nd
     _check_b("mul_mat_id", as_, b, ta)
     if ids.size and (ids.min() < 0 or ids.max() >= na[2]):
         fail("mul_mat_id", f"expert id out of range [0, {na[2]})", as_=as_, b=b, ids=ids)
-    if mode == "ggml":
-        if _tname(ta) not in FAITHFUL:
-            raise ValueError(f"mul_mat_id: numerics='ggml' is not available for {_tname(ta)} weights; use 'exact'")
-        from .faithful.matmul import mul_mat_id as faithful_mul_mat_id
-        return faithful_mul_mat_id(as_, b, ids)
+
+
+@op("mul_mat_id", check=_check_mul_mat_id)
+def mul_mat_id(as_, b, ids: np.ndarray) -> np.ndarray:
+    """ggml_mul_mat_id(ctx, as, b, ids): mul_mat with one weight matrix per expert, chosen per token (MoE).
+
+    as_  ne [k, n, n_expert]        numpy (n_expert, n, k)        e.g. ffn_up_exps; any mul_mat weight type
+    b    ne [k, n_b, n_tokens]      numpy (n_tokens, n_b, k)      f32 (or as_'s vec_dot type), n_used % n_b == 0
+    ids  ne [n_used, n_tokens]      numpy (n_tokens, n_used)      i32 expert ids, 0 <= ids < n_expert
+    out  ne [n, n_used, n_tokens]   numpy (n_tokens, n_used, n)   f32
+
+        out[t, e, :] = as_[ids[t, e]] @ b[t, e % n_b]
+
+    b's slot is e modulo n_b (tiling, not repeat): with n_b == 1 every expert of a token sees the same row
+    (llama.cpp's ffn_up_exps on the token itself); with n_b == n_used expert e gets its own row (ffn_down).
+    Only the experts named in ids are dequantized, TILE_ROWS rows at a time. Numerics as mul_mat.
+    Out-of-range ids are undefined in ggml (a debug-only assert); refimpl rejects them.
+    """
+    return tiled_mul_mat_id(as_, b, ids, np.float64)
+
+
+def tiled_mul_mat_id(as_, b, ids, dt) -> np.ndarray:
+    """mul_mat_id's product on checked operands, summed in dt (as tiled_mul_mat)."""
+    if not isinstance(b, QTensor):
+        b = np.asarray(b)
+    ids = np.asarray(ids)
+    na, nb, ni = ne4(as_.shape), ne4(b.shape), ne4(ids.shape)
     n_expert, n, n_used, n_tok, n_b = na[2], na[1], ni[0], ni[1], nb[1]
     w3 = as_.reshape(n_expert, n, na[0]) if isinstance(as_, QTensor) else np.asarray(as_).reshape(n_expert, n, na[0])
-    dt = _sum_dtype(mode)
     b3 = _activations_f64(b, dt).reshape(n_tok, n_b, nb[0])
     ids2 = ids.reshape(n_tok, n_used)
     slot = np.arange(n_used) % n_b

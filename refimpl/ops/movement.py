@@ -20,8 +20,8 @@ import numpy as np
 
 from ..qtensor import QTensor, dequantize, quantize
 from ..types import NUMPY_DTYPES, GGMLType, as_type, traits
-from ._core import op
-from ._shapes import as4, fail, ne4, nonempty
+from ..dispatch import op
+from ..shapes import as4, fail, ne4, nonempty
 
 _DTYPE_TYPES = {dt: t for t, dt in NUMPY_DTYPES.items()}
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import current_numerics, op
-from ._shapes import as4, fail
+from ..dispatch import op
+from ..rounding import fma32
+from ..shapes import as4, fail
 
 
 def _f32_input(name: str, **arrays) -> list[np.ndarray]:
@@ -35,8 +36,19 @@ def _eps_nonneg(name: str, eps: float, a) -> np.float32:
     return np.float32(eps)
 
 
-@op("rms_norm")
-def rms_norm(a: np.ndarray, eps: float, *, numerics: str | None = None) -> np.ndarray:
+def _check_rms_norm(a, eps) -> None:
+    (a,) = _f32_input("rms_norm", a=a)
+    _rows_contiguous("rms_norm", a=a)
+    _eps_nonneg("rms_norm", eps, a)
+
+
+def _check_norm(a, eps) -> None:
+    (a,) = _f32_input("norm", a=a)
+    _eps_nonneg("norm", eps, a)
+
+
+@op("rms_norm", check=_check_rms_norm)
+def rms_norm(a: np.ndarray, eps: float) -> np.ndarray:
     """ggml_rms_norm: scale each row (along ne0) to unit root-mean-square.
 
     a    ne [n, r1, r2, r3]   numpy (r3, r2, r1, n)   f32, e.g. (n_tokens, n_embd)
@@ -47,12 +59,7 @@ def rms_norm(a: np.ndarray, eps: float, *, numerics: str | None = None) -> np.nd
     No gain: llama.cpp multiplies by the norm weight with a separate mul.
     As in ggml-cpu, squares are rounded to f32 and summed in f64, mean and scale are f32.
     """
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["rms_norm"](a, eps)
-    (a,) = _f32_input("rms_norm", a=a)
-    _rows_contiguous("rms_norm", a=a)
-    eps = _eps_nonneg("rms_norm", eps, a)
+    a, eps = np.asarray(a), np.float32(eps)           # checked by _check_rms_norm
     n = a.shape[-1]
     ss = np.sum(np.square(a), axis=-1, keepdims=True, dtype=np.float64)
     mean = (ss / n).astype(np.float32)
@@ -142,7 +149,6 @@ def rms_norm_back(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     sum_xx = np.sum(np.square(b), axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
     sum_xdz = np.sum(b * a, axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
     mean_eps = sum_xx / np.float32(n) + eps
-    from .faithful.vecdot import fma32        # a*b + c rounded once (f64 then f32 could round twice)
     sum_eps = sum_xx + eps * np.float32(n)       # not fused in ggml-cpu's build (a golden case tells them apart)
     rrms = np.float32(1.0) / np.sqrt(mean_eps)
     scale_x = -sum_xdz / sum_eps
@@ -152,8 +158,8 @@ def rms_norm_back(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
 
 # Defined last on purpose: refimpl/ops/__init__.py `_export` rebinds the module-level name `norm` (this
 # module) to this function once it is exported, so ops of this module registered after it would be missed.
-@op("norm")
-def norm(a: np.ndarray, eps: float, *, numerics: str | None = None) -> np.ndarray:
+@op("norm", check=_check_norm)
+def norm(a: np.ndarray, eps: float) -> np.ndarray:
     """ggml_norm: layer norm of each row (along ne0), without gain or bias.
 
     a    ne [n, r1, r2, r3]   numpy (r3, r2, r1, n)   f32, e.g. (n_tokens, n_embd)
@@ -169,11 +175,7 @@ def norm(a: np.ndarray, eps: float, *, numerics: str | None = None) -> np.ndarra
     Rows that are not contiguous (a transposed view) take ggml-cpu's scalar path, which sums the row and the
     squares in f32: up to ~1e-9 NMSE from this for data whose mean is large against its spread.
     """
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["norm"](a, eps)
-    (a,) = _f32_input("norm", a=a)
-    eps = _eps_nonneg("norm", eps, a)
+    a, eps = np.asarray(a), np.float32(eps)           # checked by _check_norm
     n = a.shape[-1]
     mean = np.sum(a, axis=-1, keepdims=True, dtype=np.float64).astype(np.float32) / np.float32(n)
     y = a - mean

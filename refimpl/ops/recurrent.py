@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import current_numerics, op
-from ._shapes import fail, ne4
+from ..dispatch import op
+from ..shapes import fail, ne4
 
 
 def _need_f32(name: str, **operands) -> None:
@@ -281,9 +281,14 @@ def gated_linear_attn(k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray
     return _pack(y, states, S, H)
 
 
-@op("rwkv_wkv7")
+def _check_wkv7(r, w, k, v, a, b, state) -> None:
+    r, w, k, v, a, b, state = (np.asarray(x) for x in (r, w, k, v, a, b, state))
+    _tokens("rwkv_wkv7", "k", state, r=r, w=w, k=k, v=v, a=a, b=b)
+
+
+@op("rwkv_wkv7", check=_check_wkv7)
 def rwkv_wkv7(r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray,
-              state: np.ndarray, *, numerics: str | None = None) -> np.ndarray:
+              state: np.ndarray) -> np.ndarray:
     """ggml_rwkv_wkv7: RWKV-7 "Goose" time mixing: a decayed state plus a rank-1 in-context update.
 
     r, w, k, v, a, b  ne [S, H, T]          numpy (T, H, S)     receptance, decay (in (0, 1); llama.cpp passes
@@ -302,13 +307,11 @@ def rwkv_wkv7(r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.
     Head size: the AVX2 kernel steps over j 32 at a time with no remainder loop, so ggml is only defined for
     S a multiple of 32 there (64 on AVX-512, 16 on NEON; other S read past the rows). This computes the
     formula for any S; golden cases use multiples of 32.
-    numerics="ggml": sa and out in the AVX2 kernel's 4 x 8 FMA lanes (refimpl.ops.faithful.ops.rwkv_wkv7).
+    numerics="ggml": sa and out in the AVX2 kernel's 4 x 8 FMA lanes (refimpl.kernels.ggml.ops.rwkv_wkv7).
     """
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["rwkv_wkv7"](r, w, k, v, a, b, state)
     r, w, k, v, a, b, state = (np.asarray(x) for x in (r, w, k, v, a, b, state))
-    S, H, T, n_seqs = _tokens("rwkv_wkv7", "k", state, r=r, w=w, k=k, v=v, a=a, b=b)
+    S, H, T, _ = ne4(k.shape)                      # checked by _check_wkv7
+    n_seqs = ne4(state.shape)[1]
     r3, w3, k3, v3, a3, b3 = (x.reshape(T, H, S) for x in (r, w, k, v, a, b))
     s_in = state.reshape(n_seqs, H, S, S)
     tps = T // n_seqs

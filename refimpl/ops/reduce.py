@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import op
-from ._shapes import fail, ne4, nonempty
-from .elementwise import _check_layout, _load, _store, _tname
+from ..dispatch import op
+from ..shapes import fail, ne4, nonempty
+from .elementwise import _check_layout, _load, _store, type_name
 
 
 def _seq_sum(x: np.ndarray, dtype) -> np.ndarray:
@@ -134,7 +134,7 @@ def count_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     some rows are counted twice, others skipped, and indices can leave the tensor), so ggml's result for
     3-D and 4-D inputs is not the count; refimpl returns the count, and its golden cases stay 1-D/2-D.
     """
-    if _tname(a) != "i32" or _tname(b) != "i32":
+    if type_name(a) != "i32" or type_name(b) != "i32":
         fail("count_equal", "a and b must be i32", a=a, b=b)
     a, b = np.asarray(a), np.asarray(b)
     if ne4(a.shape) != ne4(b.shape):

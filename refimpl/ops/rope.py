@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import current_numerics, op
-from ._shapes import fail, ne4
+from ..dispatch import op
+from ..shapes import fail, ne4
 
 # enum values of ggml's rope modes (include/ggml.h GGML_ROPE_TYPE_*)
 ROPE_TYPE_NORMAL = 0     # pairs (2i, 2i+1): llama GGUF checkpoints (Q/K rows permuted by the converter)
@@ -135,8 +135,7 @@ def rope_cache(pos, freq_factors, n_dims: int, ne0: int, sections=(0, 0, 0, 0), 
     return cos, sin
 
 
-def _rope(name, x, pos, freq_factors, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
-          attn_factor, beta_fast, beta_slow, sin_sign):
+def _check_rope(name, x, pos, freq_factors, n_dims, sections, mode) -> None:
     x = np.asarray(x)
     pos = np.asarray(pos)
     if x.dtype not in (np.float32, np.float16):
@@ -170,6 +169,22 @@ def _rope(name, x, pos, freq_factors, n_dims, sections, mode, n_ctx_orig, freq_b
         need = n_dims if mode == ROPE_TYPE_VISION else n_dims // 2     # vision reads n_dims of them
         if freq_factors.dtype != np.float32 or ne4(freq_factors.shape)[0] < need:
             fail(name, f"freq_factors must be f32 with ne0 >= {need}", x=x, freq_factors=freq_factors)
+
+
+def _check_rope_ext(x, pos, freq_factors=None, *, n_dims, mode=ROPE_TYPE_NORMAL, **_) -> None:
+    _check_rope("rope_ext", x, pos, freq_factors, n_dims, None, mode)
+
+
+def _rope(name, x, pos, freq_factors, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+          attn_factor, beta_fast, beta_slow, sin_sign, checked=False):
+    if not checked:
+        _check_rope(name, x, pos, freq_factors, n_dims, sections, mode)
+    x, pos = np.asarray(x), np.asarray(pos).reshape(-1)
+    n = ne4(x.shape)
+    mode, n_dims = int(mode), int(n_dims)
+    sections = tuple(int(v) for v in (sections if sections is not None else (0, 0, 0, 0)))
+    if freq_factors is not None:
+        freq_factors = np.asarray(freq_factors)
     cos, sin = rope_cache(pos, freq_factors, n_dims, n[0], sections, mode, n_ctx_orig, freq_base, freq_scale,
                           ext_factor, attn_factor, beta_fast, beta_slow, sin_sign)
     x4 = x.reshape(n[::-1]).astype(np.float32)                  # (B, T, H, D)
@@ -188,10 +203,10 @@ def _rope(name, x, pos, freq_factors, n_dims, sections, mode, n_ctx_orig, freq_b
     return out.astype(x.dtype).reshape(x.shape)
 
 
-@op("rope_ext", covers="ROPE")
+@op("rope_ext", covers="ROPE", check=_check_rope_ext)
 def rope_ext(x, pos, freq_factors=None, *, n_dims: int, mode: int = ROPE_TYPE_NORMAL, n_ctx_orig: int = 0,
              freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
-             beta_fast: float = 32.0, beta_slow: float = 1.0, numerics: str | None = None):
+             beta_fast: float = 32.0, beta_slow: float = 1.0):
     """ggml_rope_ext: rotate pairs of the first n_dims dims of each head by position-dependent angles.
 
     x             ne [head_dim, n_head, n_tokens, n]  numpy (n, n_tokens, n_head, head_dim)  f32/f16, rows contiguous
@@ -210,13 +225,8 @@ def rope_ext(x, pos, freq_factors=None, *, n_dims: int, mode: int = ROPE_TYPE_NO
     Exact mode: the cache as ggml builds it (cosf/sinf/powf/logf correctly rounded), each rotated value from
     the f32 cos/sin in f64, rounded once to f32 (then to f16 for f16 x).
     """
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["rope_ext"](x, pos, freq_factors, n_dims=n_dims, mode=mode, n_ctx_orig=n_ctx_orig,
-                               freq_base=freq_base, freq_scale=freq_scale, ext_factor=ext_factor,
-                               attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow)
     return _rope("rope_ext", x, pos, freq_factors, n_dims, None, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
-                 attn_factor, beta_fast, beta_slow, 1.0)
+                 attn_factor, beta_fast, beta_slow, 1.0, checked=True)
 
 
 @op("rope_multi", covers="ROPE")

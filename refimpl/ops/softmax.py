@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import current_numerics, op
-from ._shapes import fail, ne4, tile_to
+from ..dispatch import op
+from ..shapes import fail, ne4, tile_to
 
 
 def _exp_f32(x: np.ndarray) -> np.ndarray:
@@ -35,7 +35,7 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
 
 @op("soft_max_ext", covers="SOFT_MAX")
 def soft_max_ext(a: np.ndarray, mask: np.ndarray | None = None, scale: float = 1.0, max_bias: float = 0.0,
-                 sinks: np.ndarray | None = None, *, numerics: str | None = None) -> np.ndarray:
+                 sinks: np.ndarray | None = None) -> np.ndarray:
     """ggml_soft_max_ext (+ ggml_soft_max_add_sinks): softmax of each row (along ne0) of scale*a + slope*mask.
 
     a      ne [n_kv, n_tokens, n_head, n_seq]   numpy (n_seq, n_head, n_tokens, n_kv)   f32, contiguous
@@ -55,9 +55,6 @@ def soft_max_ext(a: np.ndarray, mask: np.ndarray | None = None, scale: float = 1
     their sum (and the sink's) in f64; out = e * fl(1/sum). Exact mode takes each exp correctly rounded
     where ggml-cpu uses a SIMD polynomial (<= 1.5 ulp, semantics §5.3).
     """
-    if current_numerics(numerics) == "ggml":
-        from .faithful import OPS
-        return OPS["soft_max_ext"](a, mask, scale, max_bias, sinks)
     a = np.asarray(a)
     if a.dtype != np.float32:
         fail("soft_max_ext", f"a must be f32, got {a.dtype}", a=a)

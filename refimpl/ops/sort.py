@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import op
-from ._shapes import fail
+from ..dispatch import op
+from ..shapes import fail
 
 # enum ggml_sort_order
 SORT_ORDER_ASC = 0

@@ -19,7 +19,6 @@ from typing import Callable
 import numpy as np
 
 from .. import ops
-from ..ops.faithful import llamafile
 
 # enum ggml_op, ggml 0.25.3 (GGML_OP_COUNT == 101)
 OP_NAMES = (
@@ -186,10 +185,8 @@ def _rms_norm_back(node, s, p):
 # -- products -----------------------------------------------------------------------------------------------
 @_reg("MUL_MAT")
 def _mul_mat(node, s, p):
-    # llama.cpp's builds (and test-backend-ops') compile llamafile's sgemm: under numerics="ggml" an F32/F16
-    # product takes tinyBLAS's order where that build would (refimpl.ops.faithful.llamafile)
-    if ops.current_numerics() == "ggml":
-        return llamafile.mul_mat(s[0], s[1])
+    # llama.cpp's builds (and test-backend-ops') compile llamafile's sgemm: numerics="ggml" (that build's
+    # profile) takes tinyBLAS's order where they would, in the dispatch
     return ops.mul_mat(s[0], s[1])
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
+from ..dispatch import NUMERICS
 from ..qtensor import QTensor, quantize
 from ..types import NUMPY_DTYPES, GGMLType, type_traits
 from . import ggml_ops
@@ -586,8 +587,8 @@ class Server:
                  strict: bool = False, log_per_op: int = 5):
         if backend not in ("numpy", "numba"):
             raise ValueError(f"--backend must be numpy or numba, got {backend!r}")
-        if numerics not in ("exact", "ggml", "fast"):
-            raise ValueError(f"--numerics must be exact, ggml or fast, got {numerics!r}")
+        if numerics not in NUMERICS:
+            raise ValueError(f"--numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
         self.host, self.port, self.backend, self.numerics = host, int(port), backend, numerics
         self.memory = _Memory(default_mem_limit() if mem is None else int(mem))
         self.dump = None if dump is None else str(dump)

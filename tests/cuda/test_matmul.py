@@ -17,7 +17,7 @@ import pytest
 import refimpl
 from refimpl.kernels.cuda import _device
 from refimpl.kernels.cuda import matmul as cm
-from refimpl.ops._shapes import GGMLShapeError
+from refimpl.shapes import GGMLShapeError
 from refimpl.ops.matmul import VEC_DOT_TYPE
 from refimpl.testing import assert_nmse, nmse, tol
 from refimpl.types import traits

@@ -39,7 +39,7 @@ def device_results(monkeypatch):
 
     from refimpl.kernels import cuda as kcuda
     from refimpl.kernels.cuda import _device
-    from refimpl.ops._core import OPS
+    from refimpl.dispatch import OPS
     kcuda.load()
     upload = cuda.to_device            # bound now: upload counting (below) does not count these
 
@@ -216,7 +216,7 @@ def test_concat_and_cont_reject_like_the_reference():
     """Shapes that disagree off the concat dim, and a cont to another element count: the reference's errors."""
     from refimpl.kernels.cuda import _device
     from refimpl.ops import concat, cont
-    from refimpl.ops._shapes import GGMLShapeError
+    from refimpl.shapes import GGMLShapeError
     a, b = _device.to_device(np.zeros((2, 3), np.float32)), _device.to_device(np.zeros((2, 4), np.float32))
     with pytest.raises(GGMLShapeError, match=r"concat: a and b must agree on every dim but 1 .*ne \[3, 2\]"):
         concat(a, b, 1)

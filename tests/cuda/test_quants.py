@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 import refimpl
 from refimpl.kernels.cuda import _device
 from refimpl.kernels.cuda import quants as cq
-from refimpl.ops._core import kernel_for
+from refimpl.dispatch import kernel_for
 from refimpl.quants import DEQUANTIZERS
 from refimpl.testing import assert_bits_equal, block_bytes
 from refimpl.types import traits

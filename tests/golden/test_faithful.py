@@ -11,14 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refimpl.ops import faithful  # noqa: F401  (registers the emulations)
-from refimpl.ops.faithful.matmul import SUPPORTED
+from refimpl.kernels.ggml.matmul import SUPPORTED
 from refimpl.ops.matmul import VEC_DOT_TYPE, mul_mat
 from refimpl.qtensor import QTensor, quantize
 from refimpl.testing import named_cases, nmse, op_cases
 from refimpl.testing.cases._draw import maybe_view
 from refimpl.testing.tolerances import tol
 from refimpl.types import GGMLType, type_traits
+
+# ggml-python's build has no llamafile sgemm: its numerics profile is "ggml-nollamafile"
+GGML_PY = "ggml-nollamafile"
 
 FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 # codebook types: ggml quantizes them only with an importance matrix or a slow lattice search, so their
@@ -198,7 +200,7 @@ def test_mul_mat_faithful_is_bit_exact(ggml, t):
     def check(case):
         a, b, name = case
         with np.errstate(all="ignore"):
-            r = mul_mat(a, b, numerics="ggml")
+            r = mul_mat(a, b, numerics=GGML_PY)
         assert_same_bits(r, _ggml_mul_mat(ggml, a, b), name)
     check()
 
@@ -212,7 +214,7 @@ def test_mul_mat_faithful_non_finite(ggml, t):
     a[1, 3], a[2, 40], b[0, 70], b[2, 5] = np.inf, np.nan, -np.inf, np.inf
     a = a.astype(np.float16) if t == GGMLType.F16 else a
     with np.errstate(all="ignore"):
-        r = mul_mat(a, b, numerics="ggml")
+        r = mul_mat(a, b, numerics=GGML_PY)
     assert_same_bits(r, _ggml_mul_mat(ggml, a, b), f"{_name(t)} non-finite")
 
 
@@ -235,7 +237,7 @@ def test_mul_mat_faithful_large_lane_sums(ggml, t):
     qoff = {GGMLType.Q8_K: 4, GGMLType.Q8_0: 2}[b.type]
     qb[:, qoff:qoff + (256 if b.type == GGMLType.Q8_K else 32)] = 0x80      # -128
     assert blck <= k
-    assert_same_bits(mul_mat(a, b, numerics="ggml"), _ggml_mul_mat(ggml, a, b), f"{_name(t)} extreme lanes")
+    assert_same_bits(mul_mat(a, b, numerics=GGML_PY), _ggml_mul_mat(ggml, a, b), f"{_name(t)} extreme lanes")
 
 
 def test_mul_mat_id_faithful_is_bit_exact(ggml):
@@ -247,7 +249,7 @@ def test_mul_mat_id_faithful_is_bit_exact(ggml):
     @given(case=mul_mat_id_cases(tuple(TYPES)))
     def check(case):
         with np.errstate(all="ignore"):
-            r = case.run(lambda *a, **k: mul_mat_id(*a, numerics="ggml", **k))
+            r = case.run(lambda *a, **k: mul_mat_id(*a, numerics=GGML_PY, **k))
         assert_same_bits(r, case.run_ggml(), case.name)
     check()
 
@@ -259,13 +261,13 @@ ROW_OPS = ("rms_norm", "norm", "soft_max_ext", "rope_ext", "silu", "swiglu")
 
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_row_op_faithful_is_bit_exact(ggml, op):
-    """Every golden case of the op (refimpl.testing.op_cases and the named ones), numerics="ggml": identical
+    """Every golden case of the op (refimpl.testing.op_cases and the named ones), numerics=GGML_PY: identical
     bits, f16 results included."""
     assert tol(op, "*", "ggml-faithful").exact
 
     def check_case(case):
         with np.errstate(all="ignore"):
-            r = case.run(lambda *a, **k: getattr(__import__("refimpl").ops, op)(*a, numerics="ggml", **k))
+            r = case.run(lambda *a, **k: getattr(__import__("refimpl").ops, op)(*a, numerics=GGML_PY, **k))
         assert_same_bits(r, case.run_ggml(), case.name)
 
     for case in named_cases(op):
@@ -294,7 +296,7 @@ def test_faithful_nmse_report(ggml):
             a = _weights(t, (n, k), "uniform", int(rng.integers(1 << 30)), False)
             b = rng.normal(0, 1, (m, k)).astype(np.float32)
             e = _ggml_mul_mat(ggml, a, b).reshape(m, n)
-            ex, fa = nmse(mul_mat(a, b), e), nmse(mul_mat(a, b, numerics="ggml"), e)
+            ex, fa = nmse(mul_mat(a, b), e), nmse(mul_mat(a, b, numerics=GGML_PY), e)
             rows.append((_name(t), shape_name, ex, fa))
             assert fa == 0.0, f"{_name(t)} {shape_name}: faithful NMSE {fa:.3e} (not bit-exact)"
             assert fa <= ex / 100
@@ -317,7 +319,7 @@ def test_faithful_row_ops_report(ggml):
             e = case.run_ggml()
             with np.errstate(all="ignore"):
                 ex = case.run(lambda *a, **k: fn(*a, numerics="exact", **k))
-                fa = case.run(lambda *a, **k: fn(*a, numerics="ggml", **k))
+                fa = case.run(lambda *a, **k: fn(*a, numerics=GGML_PY, **k))
             e64 = np.asarray(e, np.float64).reshape(np.shape(ex))
             fin = np.isfinite(e64)
             worst_ex = max(worst_ex, nmse(np.asarray(ex, np.float64)[fin], e64[fin]))
@@ -333,6 +335,6 @@ def test_mul_mat_faithful_fma_rounds_once(ggml):
     rounding the f64 sum (exactly the tie 1 + 2^-11 + 2^-24) again to f32 would give 1 + 2^-11. Random
     operands never hit this (0 in 8e7 draws), so it is built: k = 2 runs F32's scalar FMA tail twice."""
     x = np.array([[2.0 ** -40, 1 + 2.0 ** -12]], np.float32)
-    r = mul_mat(x, x, numerics="ggml")
+    r = mul_mat(x, x, numerics=GGML_PY)
     assert r[0, 0] == np.float32(1 + 2.0 ** -11 + 2.0 ** -23)
     assert_same_bits(r, _ggml_mul_mat(ggml, x, x), "fma tie")

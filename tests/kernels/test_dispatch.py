@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
 
 import refimpl  # noqa: E402
-from refimpl.ops._core import kernel_for  # noqa: E402
+from refimpl.dispatch import kernel_for  # noqa: E402
 from refimpl.quants import DEQUANTIZERS  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """refimpl/kernels/faithful.py: mul_mat with numerics="ggml" under the numba backend against the NumPy
-emulation (refimpl/ops/faithful/matmul.py, itself golden-tested bit for bit against ggml), bit for bit.
+emulation (refimpl/kernels/ggml/matmul.py, itself golden-tested bit for bit against ggml), bit for bit.
 
 Every weight type with a kernel: hypothesis cases of the golden test (tests/golden/test_faithful.py
 `faithful_cases`: weights quantized from drawn f32 values or random block bytes with finite scales; 1 to 8
@@ -18,8 +18,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 import refimpl  # noqa: E402
 from refimpl.kernels import faithful as kf  # noqa: E402
-from refimpl.ops._core import kernel_for  # noqa: E402
-from refimpl.ops.faithful.matmul import QUANT_DOTS  # noqa: E402
+from refimpl.dispatch import kernel_for  # noqa: E402
+from refimpl.kernels.ggml.matmul import QUANT_DOTS  # noqa: E402
 from refimpl.ops.matmul import VEC_DOT_TYPE, mul_mat  # noqa: E402
 from refimpl.qtensor import quantize  # noqa: E402
 from refimpl.quants import get_quantizer  # noqa: E402

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 import refimpl  # noqa: E402
 from refimpl.kernels import quantize as kq  # noqa: E402
 from refimpl.kernels import quants as kd  # noqa: E402
-from refimpl.ops._core import kernel_for  # noqa: E402
+from refimpl.dispatch import kernel_for  # noqa: E402
 from refimpl.quants import DEQUANTIZERS, get_quantizer  # noqa: E402
 from refimpl.testing import BLOCK_KINDS, assert_bits_equal, block_bytes, block_rows, make_block  # noqa: E402
 from refimpl.types import traits  # noqa: E402

@@ -92,17 +92,15 @@ def test_ggml_mode_spans_llama_cpp_kv_cells(tiny):
 
 def test_single_token_decodes_never_take_sgemm(tiny, monkeypatch):
     """A one-token forward has one column in every product, where llama.cpp always runs ggml's vec_dot:
-    token-by-token decoding gives the same bits with LLAMAFILE_SGEMM on and off (the switch models a
-    llama.cpp build without llamafile)."""
+    token-by-token decoding gives the same bits under numerics="ggml" and "ggml-nollamafile" (the profile
+    of a build without llamafile)."""
     m, model, tokens, _ = tiny
 
-    def steps():
-        with refimpl.numerics("ggml"):
+    def steps(mode):
+        with refimpl.numerics(mode):
             c = llama.new_cache(model, 6)
             return np.concatenate([llama.forward(model, [t], c) for t in tokens[:6]])
-    on = steps()
-    monkeypatch.setattr(llama, "LLAMAFILE_SGEMM", False)
-    assert_bits_equal(steps(), on, m["name"])
+    assert_bits_equal(steps("ggml-nollamafile"), steps("ggml"), m["name"])
 
 
 # -- SmolLM2-135M Q4_1 ------------------------------------------------------------------------------------

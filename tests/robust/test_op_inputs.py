@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import refimpl
-from refimpl.ops._shapes import GGMLShapeError
+from refimpl.shapes import GGMLShapeError
 from refimpl.qtensor import QTensor
 from refimpl.testing.cases import op_cases, ops_with_cases
 

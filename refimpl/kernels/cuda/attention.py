@@ -35,8 +35,8 @@ from numba import cuda, float32, types
 
 from ...qtensor import QTensor
 from ...ops import attention as ref_attn
-from ...ops._core import register
-from ...ops._shapes import ne4
+from ...dispatch import register
+from ...shapes import ne4
 from ...ops.softmax import alibi_slopes
 from ._device import is_device, to_device, to_host
 

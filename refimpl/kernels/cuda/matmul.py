@@ -34,8 +34,8 @@ import numpy as np
 from numba import cuda
 
 from ...ops import matmul as ref_mm
-from ...ops._core import current_numerics, register
-from ...ops._shapes import fail, ne4
+from ...dispatch import current_numerics, register
+from ...shapes import fail, ne4
 from ...qtensor import QTensor
 from ...types import GGMLType, traits
 from . import _device, quants
@@ -291,14 +291,16 @@ def _operands(a, b):
 
 
 @register("mul_mat", backend="cuda")
-def mul_mat(a, b, *, numerics: str | None = None):
-    """ggml_mul_mat(ctx, a, b) (see refimpl.ops.matmul.mul_mat) on the GPU: weights uploaded once, f64 sums."""
-    if current_numerics(numerics) == "exact":
-        ops = _operands(a, b)
-        if ops is not None:
-            return mul_mat_device(*ops)
+def mul_mat(a, b):
+    """ggml_mul_mat(ctx, a, b) (see refimpl.ops.matmul.mul_mat) on the GPU: weights uploaded once, f64 sums
+    (fast numerics too: the f64 sums are within its bound). Other inputs: the NumPy product on host copies,
+    the result back on the device."""
+    ops = _operands(a, b)
+    if ops is not None:
+        return mul_mat_device(*ops)
     host = [x if isinstance(x, QTensor) else _device.to_host(x) for x in (a, b)]
-    return _device.to_device(ref_mm.mul_mat.reference(*host, numerics=numerics))
+    dt = np.float32 if current_numerics() == "fast" else np.float64
+    return _device.to_device(ref_mm.tiled_mul_mat(*host, dt))
 
 
 def ptx_signatures() -> list[tuple]:

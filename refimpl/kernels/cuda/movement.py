@@ -30,8 +30,8 @@ import numpy as np
 from numba import cuda, types
 
 from ...ops import movement as ref
-from ...ops._core import register
-from ...ops._shapes import fail, ne4
+from ...dispatch import register
+from ...shapes import fail, ne4
 from . import _device
 
 THREADS = 256

@@ -28,7 +28,7 @@ from numba import cuda, float64, int32, int64
 
 from ...ops.norm import norm as _norm_op
 from ...ops.norm import rms_norm as _rms_norm_op
-from ...ops._core import register
+from ...dispatch import register
 from .unary import fadd, fallback, f32_operand, fmul, fsqrt, fsub
 
 THREADS = 128

@@ -37,7 +37,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from ...ops._core import implements
+from ...dispatch import implements
 from ...quants import DEQUANTIZERS
 from ...types import GGMLType, traits
 from . import _device

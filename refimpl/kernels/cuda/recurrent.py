@@ -32,8 +32,8 @@ import numpy as np
 from numba import cuda, float32, float64, types
 
 from ...ops import recurrent as ref_rc
-from ...ops._core import register
-from ...ops._shapes import ne4
+from ...dispatch import register
+from ...shapes import ne4
 from ._device import is_device, to_device, to_host
 
 MAX_S = 64           # largest head size (RWKV-6/7 checkpoints use 64)

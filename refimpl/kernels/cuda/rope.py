@@ -24,8 +24,8 @@ import numpy as np
 from numba import cuda
 
 from ...ops import rope as ref_rope
-from ...ops._core import register
-from ...ops._shapes import ne4
+from ...dispatch import register
+from ...shapes import ne4
 from . import _device
 from .unary import dcos, dsin, fallback, f32_operand, fmul, fsub
 

@@ -24,8 +24,8 @@ import numpy as np
 from numba import cuda
 
 from ...ops import movement as ref_mv
-from ...ops._core import register
-from ...ops._shapes import ne4
+from ...dispatch import register
+from ...shapes import ne4
 from ...qtensor import QTensor, dequantize
 from ...types import GGMLType, traits
 from . import _device

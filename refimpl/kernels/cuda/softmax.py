@@ -28,8 +28,8 @@ import numpy as np
 from numba import cuda, float32, float64, int64
 
 from ...ops import softmax as ref_sm
-from ...ops._core import register
-from ...ops._shapes import ne4
+from ...dispatch import register
+from ...shapes import ne4
 from . import _device
 from .norm import ACC, MAX_LEAVES, block_sum
 from .unary import dexp, fallback, f32_operand, fmul, fsub

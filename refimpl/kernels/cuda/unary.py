@@ -31,8 +31,8 @@ import numpy as np
 from numba import config, cuda
 
 from ...ops import elementwise as ref_ew
-from ...ops._core import _host_args, register
-from ...ops._shapes import ne4
+from ...dispatch import _host_args, register
+from ...shapes import ne4
 from ...quants._common import f16_to_f32
 from . import _device
 

@@ -45,7 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...ops import add, mul, norm
-from ...ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
+from ...ops import mul_mat
 from ..llama import gpu_mode, to_host
 from .state import RwkvState
 

@@ -58,7 +58,7 @@ import numpy as np
 
 from ...ops import (add, concat, exp, get_rows, mul, neg, norm, relu, rwkv_wkv6, scale, sigmoid, silu,
                     sqr, sub, tanh)
-from ...ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
+from ...ops import mul_mat
 from ...qtensor import QTensor, dequantize
 from ..llama import device_constant, gpu_mode, movement, on_device, permuted, to_host
 from .state import RwkvState

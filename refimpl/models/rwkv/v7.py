@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops import (add, exp, l2_norm, mul, neg, relu, rwkv_wkv7, scale, sigmoid, sqr, sub, sum_rows, tanh)
-from ...ops.faithful.llamafile import mul_mat   # ops.mul_mat; tinyBLAS order under numerics="ggml"
+from ...ops import mul_mat
 from .state import RwkvState
 from ..llama import device_constant
 from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, _vec, broadcast, capture_fn, check_tokens, derived, dims, embed,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..qtensor import QTensor
+from .qtensor import QTensor
 
 
 def fmt(x) -> str:

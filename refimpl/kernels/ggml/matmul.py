@@ -24,8 +24,8 @@ from ...quants._common import f16_to_f32
 from ...quants.fp4 import KVALUES_MXFP4, e8m0_half, ue4m3_half
 from ...quants.iq_tables import TABLES
 from ...types import GGMLType, type_traits
-from .._core import kernel_for
-from ..matmul import VEC_DOT_TYPE
+from ...dispatch import kernel_for
+from ...ops.matmul import VEC_DOT_TYPE
 from .vecdot import (TILE_ELEMS, dot_bf16, dot_f16, dot_f32, fma32, hsum_b, int_lanes, lane_major,
                      sign_quirk)
 
@@ -707,8 +707,8 @@ def _dots(ta: GGMLType, w, y) -> np.ndarray:
 def mul_mat(a, b) -> np.ndarray:
     """ggml-cpu's mul_mat for any weight type in QUANT_DOTS or F32/F16/BF16 (shapes checked by the caller,
     refimpl.ops.matmul.mul_mat): same shapes and broadcast as exact mode, every element bit-exact."""
-    from ..matmul import ggml_type
-    from .._shapes import ne4
+    from ...ops.matmul import ggml_type
+    from ...shapes import ne4
     ta = ggml_type(a)
     na, nb = ne4(a.shape), ne4(b.shape)
     b = _convert(b, VEC_DOT_TYPE[ta])
@@ -731,7 +731,7 @@ def mul_mat_id(as_, b, ids) -> np.ndarray:
     expert by the same vec_dot; bit-exact like mul_mat.
 
     as_ (n_expert, n, k), b (n_tokens, n_b, k), ids (n_tokens, n_used) i32 -> (n_tokens, n_used, n) f32."""
-    from ..matmul import ggml_type
+    from ...ops.matmul import ggml_type
     ta = ggml_type(as_)
     n_expert, n, k = as_.shape[-3:]
     n_tok, n_used = ids.shape[-2], ids.shape[-1]

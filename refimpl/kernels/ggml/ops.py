@@ -18,12 +18,17 @@ result on the portable AVX2 build bit for bit. Exact mode already matches ggml i
     sigmoid       sigmoid as 1.f/(1.f + expf(-x)); exact mode rounds the correctly rounded f64 function,
                   which glibc's tanhf misses on ~1/3 of RWKV's LoRA activations
 
-Validation is the exact op's: these functions assume arguments the op accepts (they call its checks).
+Each is registered for numerics key "ggml" (every backend): the op has checked the arguments by then, and a
+function returns NotImplemented for inputs it does not emulate (the reference body then runs).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ...dispatch import register
+from ...ops.elementwise import map_glu, map_unary, type_name
+from ...ops.rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
+from ...shapes import ne4, tile_to
 from .simd import chunk_split, libm, vexp, vsilu
 from .vecdot import fma32, hsum_a, hsum_b
 
@@ -61,10 +66,7 @@ def _chunked_sum(v: np.ndarray) -> np.ndarray:
 def rms_norm(a, eps):
     """ggml_compute_forward_rms_norm_f32: sum += (double)fl(x*x) in order; mean = fl(sum/n);
     scale = 1/sqrtf(mean + eps); y = x*scale."""
-    from ..norm import _eps_nonneg, _f32_input, _rows_contiguous
-    (a,) = _f32_input("rms_norm", a=a)
-    _rows_contiguous("rms_norm", a=a)
-    eps = _eps_nonneg("rms_norm", eps, a)
+    a, eps = np.asarray(a), f32(eps)                 # the op checked them
     n = a.shape[-1]
     mean = (_seq_sum_f64(np.square(a)) / n).astype(f32)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -76,9 +78,7 @@ def norm(a, eps):
     var = (float)(Σ chunks of hsum_b(fl(y²)) and tail fl(y²), in f64, / n); y *= 1/sqrtf(var + eps).
     Strided rows (a transposed view): sum and variance in sequential f32, variance += y*y fused (FMA),
     var = fl(var/n)."""
-    from ..norm import _eps_nonneg, _f32_input
-    (a,) = _f32_input("norm", a=a)
-    eps = _eps_nonneg("norm", eps, a)
+    a, eps = np.asarray(a), f32(eps)                 # the op checked them
     n = a.shape[-1]
     packed = a.ndim == 0 or n <= 1 or a.strides[-1] == a.itemsize
     with np.errstate(all="ignore"):
@@ -118,11 +118,9 @@ def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, sinks=None):
     """ggml_compute_forward_soft_max_f32, per row: w = fl(x*scale); with a mask w = fma(slope, m, w);
     M = max(w) (and the sink); e = vexp(fl(w - M)) on 8-lane chunks, libm expf on the tail; sum = the chunked
     f64 sum (+ expf(sink - M)); y = e * (float)(1.0/sum)."""
-    from .._shapes import ne4, tile_to
-    from ..softmax import soft_max_ext as exact
     a = np.asarray(a)
     if a.dtype != np.float32 or not a.flags.c_contiguous or (mask is None and max_bias > 0.0):
-        return exact.reference(a, mask, scale, max_bias, sinks, numerics="exact")    # the op's error
+        return NotImplemented                                       # the reference body raises the op's error
     na = ne4(a.shape)
     a4 = a.reshape(na[::-1])
     with np.errstate(all="ignore"):
@@ -132,7 +130,7 @@ def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, sinks=None):
             nm = ne4(mask.shape)
             if (mask.dtype not in (np.float16, np.float32) or not mask.flags.c_contiguous or nm[0] != na[0]
                     or nm[1] < na[1] or na[2] % nm[2] or na[3] % nm[3]):
-                return exact.reference(a, mask, scale, max_bias, sinks, numerics="exact")
+                return NotImplemented
             m = tile_to("soft_max_ext", a4, mask.reshape(nm[::-1])[:, :, :na[1], :].astype(f32))
             slope = alibi_slopes(na[2], max_bias)[None, :, None, None]
             w = fma32(slope, m, w)
@@ -140,7 +138,7 @@ def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, sinks=None):
         if sinks is not None:
             sinks = np.asarray(sinks)
             if sinks.dtype != np.float32 or sinks.size != na[2]:
-                return exact.reference(a, mask, scale, max_bias, sinks, numerics="exact")
+                return NotImplemented
             sk = sinks.reshape(1, na[2], 1, 1)
             M = np.where(M > sk, M, sk)                                      # MAX(max, sk)
         d = w - M
@@ -169,39 +167,33 @@ def _silu_rows(x: np.ndarray) -> np.ndarray:
 def silu(a):
     """ggml_vec_silu_f32 per row (vsilu on 8-lane chunks, the scalar formula on the tail); f16: the scalar
     formula on every element (ggml_vec_silu_f16), rounded to f16."""
-    from ..elementwise import _tname, _unary
-    t = _tname(a)
-    return _unary("silu", a, _silu_scalar if t == "f16" else _silu_rows, ("f32", "f16"))
+    t = type_name(a)
+    return map_unary("silu", a, _silu_scalar if t == "f16" else _silu_rows, ("f32", "f16"))
 
 
 def swiglu(a, b=None, *, swapped: bool = False):
     """ggml_vec_swiglu_f32 per row: fl(vsilu(x)*g) on 8-lane chunks, fl(silu(x)*g) on the tail (libm expf);
     f16: the scalar form on every element, rounded to f16."""
-    from ..elementwise import _glu
-
     def act(x, g, t):
         return (_silu_scalar(x) if t == "f16" else _silu_rows(x)) * g
-    return _glu("swiglu", a, b, swapped, act)
+    return map_glu("swiglu", a, b, swapped, act)
 
 
 # -- unary ops on the C library ----------------------------------------------------------------------------
 
 def tanh(a):
     """ggml_tanh (op_tanh in unary-ops.cpp): the C library's tanhf per element; f16/bf16 through f32."""
-    from ..elementwise import _unary
-    return _unary("tanh", a, lambda x: libm("tanhf", x))
+    return map_unary("tanh", a, lambda x: libm("tanhf", x))
 
 
 def exp(a):
     """ggml_exp (op_exp): the C library's expf per element; f16/bf16 through f32."""
-    from ..elementwise import _unary
-    return _unary("exp", a, lambda x: libm("expf", x))
+    return map_unary("exp", a, lambda x: libm("expf", x))
 
 
 def sigmoid(a):
     """ggml_sigmoid (op_sigmoid): 1.f / (1.f + expf(-x)) in f32 steps, expf the C library's."""
-    from ..elementwise import _unary
-    return _unary("sigmoid", a, lambda x: f32(1) / (f32(1) + libm("expf", -x)))
+    return map_unary("sigmoid", a, lambda x: f32(1) / (f32(1) + libm("expf", -x)))
 
 
 # -- rwkv_wkv7 -------------------------------------------------------------------------------------------
@@ -229,12 +221,11 @@ def rwkv_wkv7(r, w, k, v, a, b, state):
     sa = _lanes_dot(a, s[i]); s[i][j] = fma(sa, b[j], fma(s[i][j], w[j], fl(v[i]*k[j]))) (as exact mode);
     out[i] = _lanes_dot(s[i], r) over the updated row. The kernel has no remainder loop: for a head size
     that is not a multiple of 32 ggml reads past the rows, and this returns exact mode's formula."""
-    from ..recurrent import _pack, _tokens
-    from ..recurrent import rwkv_wkv7 as exact
     r, w, k, v, a, b, state = (np.asarray(x) for x in (r, w, k, v, a, b, state))
-    S, H, T, n_seqs = _tokens("rwkv_wkv7", "k", state, r=r, w=w, k=k, v=v, a=a, b=b)
+    S, H, T, _ = ne4(k.shape)                      # the op checked the shapes
+    n_seqs = ne4(state.shape)[1]
     if S % WKV7_STEP:
-        return exact.reference(r, w, k, v, a, b, state)
+        return NotImplemented
     r3, w3, k3, v3, a3, b3 = (x.reshape(T, H, S).astype(f32) for x in (r, w, k, v, a, b))
     s_in = state.reshape(n_seqs, H, S, S).astype(f32)
     tps = T // n_seqs
@@ -250,7 +241,7 @@ def rwkv_wkv7(r, w, k, v, a, b, state):
             y[t] = _lanes_dot(s, r3[t][:, None, :])
             if t % tps == tps - 1:
                 states[t // tps] = s
-    return _pack(y, states, S, H)
+    return np.concatenate([y.reshape(-1, S * H), states.reshape(-1, S * H)])   # outputs, then the states
 
 
 # -- rope -------------------------------------------------------------------------------------------------
@@ -308,14 +299,9 @@ def rope_ext(x, pos, freq_factors=None, *, n_dims, mode=0, n_ctx_orig=0, freq_ba
     NORMAL with an odd number of pairs the last one is fl(fl(x0*cos) - fl(x1*sin)), fl(fl(x0*sin) + fl(x1*cos))),
     rounded to x's type; dims >= n_dims copied. F32 measured; the F16 kernel is assumed to contract alike
     (its f16 rounding hides nearly every difference)."""
-    from ..rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, rope_ext as exact
-    kw = dict(n_dims=n_dims, mode=mode, n_ctx_orig=n_ctx_orig, freq_base=freq_base, freq_scale=freq_scale,
-              ext_factor=ext_factor, attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow)
-    ref = exact.reference(x, pos, freq_factors, numerics="exact", **kw)       # validates; shape, type
     if int(mode) not in (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX):
         raise ValueError(f"rope_ext: numerics='ggml' covers modes NORMAL and NEOX, not {mode}")
-    from .._shapes import ne4
-    x = np.asarray(x)
+    x = np.asarray(x)                              # the op checked the arguments
     n = ne4(x.shape)
     n_dims = int(n_dims)
     cos, sin = rope_cache(np.asarray(pos).reshape(-1), freq_factors, n_dims, n[0], freq_base, freq_scale,
@@ -338,8 +324,10 @@ def rope_ext(x, pos, freq_factors=None, *, n_dims, mode=0, n_ctx_orig=0, freq_ba
             j0, j1, cl, sl = a0[..., -1], a1[..., -1], c[..., -1], s[..., -1]
             out[..., i0[-1]] = j0 * cl - j1 * sl
             out[..., i1[-1]] = j0 * sl + j1 * cl
-    return out.astype(ref.dtype).reshape(ref.shape)
+    return out.astype(x.dtype).reshape(x.shape)
 
 
 OPS = {"rms_norm": rms_norm, "norm": norm, "soft_max_ext": soft_max_ext, "rope_ext": rope_ext, "silu": silu,
        "swiglu": swiglu, "tanh": tanh, "exp": exp, "sigmoid": sigmoid, "rwkv_wkv7": rwkv_wkv7}
+for _name, _fn in OPS.items():
+    register(_name, numerics="ggml")(_fn)

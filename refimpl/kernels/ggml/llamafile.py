@@ -14,12 +14,12 @@ below, tinyBLAS replaces ggml's vec_dot when (`takes_sgemm`)
                  (BERT's permuted Q against its f32 K, no KV cache) takes vec_dot.
 
 The f32 activations are first rounded to the source's type (as ggml-cpu's from_float), then each output is ONE
-8-lane accumulator, acc = fma(a[l:l+8], b[l:l+8], acc) for l = 0, 8, ..., reduced by hsum_b. So the op
-emulation (`mul_mat(numerics="ggml")`, faithful/matmul.py) stays vec_dot's, and the models call `mul_mat`
-here, which takes this order where llama.cpp's build would (switch: LLAMAFILE). A model passes b with the
-strides llama.cpp's graph gives src1 (a permuted view stays a NumPy view) so the contiguity rule can apply.
+8-lane accumulator, acc = fma(a[l:l+8], b[l:l+8], acc) for l = 0, 8, ..., reduced by hsum_b. This is the
+"llamafile" key of the numerics="ggml" profile (llama.cpp's build); numerics="ggml-nollamafile" (ggml-python's
+build) leaves every product to vec_dot's emulation (matmul.py). A model passes b with the strides llama.cpp's
+graph gives src1 (a permuted view stays a NumPy view) so the contiguity rule can apply.
 
-    mul_mat(a, b)   a ne [k, n, a2, a3]  numpy (a3, a2, n, k)   F32/F16 ndarray (anything else: ops.mul_mat)
+    mul_mat(a, b)   a ne [k, n, a2, a3]  numpy (a3, a2, n, k)   F32/F16 ndarray (anything else: NotImplemented)
                     b ne [k, m, b2, b3]  numpy (b3, b2, m, k)   f32, b2 = r2*a2, b3 = r3*a3 (ggml's broadcast)
                     out ne [n, m, b2, b3] numpy (b3, b2, m, n)  f32
 """
@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._core import current_numerics
-from ..matmul import mul_mat as _mul_mat
-from .vecdot import fma32, hsum_b
+from ...rounding import fma32
+from .vecdot import hsum_b
 
-LLAMAFILE = True       # follow llama.cpp's build (llamafile sgemm compiled in) under numerics="ggml"
 LANES = 8              # tinyBLAS's vector width for F32/F16 on AVX2 (k must be a multiple of it)
 ROW_TILE = 4           # tinyBLAS's RM on AVX2: a's row count n must be a multiple of it
 _TILE = 1 << 21        # outputs x lanes per step of sgemm (bounds its temporaries to ~50 MB)
@@ -60,24 +58,23 @@ def sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def takes_sgemm(a, b) -> bool:
-    """Whether llama.cpp's build multiplies a by b with tinyBLAS (and numerics="ggml" is active): the
-    conditions of the module docstring."""
-    return (LLAMAFILE and isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float16) and 2 <= a.ndim <= 4
+    """Whether llama.cpp's build multiplies a by b with tinyBLAS: the conditions of the module docstring."""
+    return (isinstance(a, np.ndarray) and a.dtype in (np.float32, np.float16) and 2 <= a.ndim <= 4
             and isinstance(b, np.ndarray) and b.dtype == np.float32 and 2 <= b.ndim <= 4
             and b.shape[-1] == a.shape[-1] and b.shape[-2] >= 2 and a.shape[-1] % LANES == 0
-            and a.shape[-2] % ROW_TILE == 0 and (b.flags.c_contiguous or a.dtype != np.float32)
-            and current_numerics() == "ggml")
+            and a.shape[-2] % ROW_TILE == 0 and (b.flags.c_contiguous or a.dtype != np.float32))
 
 
 def mul_mat(a, b):
-    """ops.mul_mat, or tinyBLAS's order where llama.cpp's build takes it (module docstring)."""
+    """tinyBLAS's order where llama.cpp's build takes it (module docstring), registered for the "llamafile"
+    key of the "ggml" profile; NotImplemented elsewhere (ggml's vec_dot emulation then runs)."""
     if not takes_sgemm(a, b):
-        return _mul_mat(a, b)
+        return NotImplemented
     a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)
     b4 = b.reshape((1,) * (4 - b.ndim) + b.shape)
     (a3, a2, n, k), (b3, b2, m, _) = a4.shape, b4.shape
-    if b2 % a2 or b3 % a3:                                 # not ggml's broadcast: let the op say why
-        return _mul_mat(a, b)
+    if b2 % a2 or b3 % a3:                                 # not ggml's broadcast (the op has checked it)
+        return NotImplemented
     r2, r3 = b2 // a2, b3 // a3
     out = np.empty((b3, b2, m, n), np.float32)
     for i3 in range(b3):

@@ -1,0 +1,271 @@
+"""The one dispatch: implementations of an op registered by (op, backend, numerics), chosen once per call.
+
+    @op("rms_norm", covers="RMS_NORM")
+    def rms_norm(a, eps): ...                  # the NumPy body: the reference, also `rms_norm.reference`
+
+    @register("rms_norm", backend="numba")                 # a kernel (exact and fast numerics)
+    @register("rms_norm", numerics="ggml")                 # ggml-cpu's roundings, under any backend
+    @register("mul_mat", numerics="llamafile")             # one profile's overlay (see NUMERICS)
+
+`covers` lists the ggml enum entries the function implements: "RMS_NORM" (enum ggml_op), "UNARY:GELU"
+(enum ggml_unary_op), "GLU:SWIGLU" (enum ggml_glu_op); the coverage report reads them. `check`, when given,
+validates the arguments once before any implementation runs.
+
+Backends: "numpy" (the reference bodies only), "numba" (refimpl.kernels), "cuda" (refimpl.kernels.cuda);
+`with backend("numba"):` or REFIMPL_BACKEND. The default is "numba" when the numba package is installed
+(found without importing it), else "numpy". A backend's kernel modules are imported on the first op call
+under it, so `import refimpl` never imports Numba.
+
+Numerics profiles (`with numerics("ggml"):`, REFIMPL_NUMERICS, or `numerics=` on any op call); each is a
+chain of registration keys tried in order, then the reference body:
+
+    exact             exact                  the math ggml defines, f32 with f64 where ggml accumulates in f64
+    fast              fast, exact            dot products summed in f32 in whatever order is fastest
+    ggml              llamafile, ggml        ggml-cpu's roundings as llama.cpp builds it (llamafile's tinyBLAS
+                                             for F32/F16 products where that build takes it)
+    ggml-nollamafile  ggml                   ggml-cpu's roundings built without llamafile (ggml-python's build,
+                                             refimpl's op-level oracle)
+
+An implementation registered without a backend serves every backend; one registered for a backend is tried
+first. An implementation returns NotImplemented for inputs it does not cover, and the next one in the chain
+runs. The ggml-numerics emulations live in refimpl.kernels.ggml and load on the first call under a ggml
+profile. Functions that are not ops (block dequantizers and quantizers) get kernels with
+`implements(reference_fn, backend)`; their caller asks `kernel_for(reference_fn)`.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib
+import importlib.util
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .shapes import GGMLShapeError
+
+BACKENDS = ("numpy", "numba", "cuda")
+# profile -> the registration keys it tries, in order, before the reference body
+NUMERICS: dict[str, tuple[str, ...]] = {
+    "exact": ("exact",),
+    "fast": ("fast", "exact"),
+    "ggml": ("llamafile", "ggml"),
+    "ggml-nollamafile": ("ggml",),
+}
+KEYS = ("exact", "fast", "ggml", "llamafile")
+GGML_PROFILES = frozenset(p for p, chain in NUMERICS.items() if "ggml" in chain)
+
+
+def _default_backend() -> str:
+    """REFIMPL_BACKEND if set, else "numba" when the package is installed (not imported here), else "numpy"."""
+    env = os.environ.get("REFIMPL_BACKEND")
+    if env:
+        return env
+    return "numba" if importlib.util.find_spec("numba") is not None else "numpy"
+
+
+_backend = contextvars.ContextVar("refimpl_backend", default=_default_backend())
+_numerics = contextvars.ContextVar("refimpl_numerics", default=os.environ.get("REFIMPL_NUMERICS", "exact"))
+
+
+@dataclass
+class OpInfo:
+    name: str
+    fn: Callable
+    covers: tuple[str, ...]
+    check: Callable | None = None
+    impls: dict[tuple[str | None, str], Callable] = field(default_factory=dict)   # (backend|None, key) -> fn
+
+    @property
+    def kernels(self) -> dict[str, Callable]:
+        """backend -> its exact-numerics kernel (what the coverage report and the tests ask about)."""
+        return {b: f for (b, k), f in self.impls.items() if b is not None and k == "exact"}
+
+
+OPS: dict[str, OpInfo] = {}
+KERNELS: dict[tuple[Callable, str], Callable] = {}     # (reference function, backend) -> kernel, for non-ops
+# what to import before the first call that needs it: kernels for a backend, emulations for a key
+_MODULES = {"numba": "refimpl.kernels", "cuda": "refimpl.kernels.cuda", "fast": "refimpl.kernels.fast",
+            "ggml": "refimpl.kernels.ggml", "llamafile": "refimpl.kernels.ggml"}
+_loaded: set[str] = set()
+
+
+def _load(what: str) -> None:
+    """Import the modules for a backend or numerics key once (they register themselves); on failure warn
+    and run what remains (the NumPy reference at the end of every chain)."""
+    _loaded.add(what)
+    if what not in _MODULES:
+        return
+    try:
+        mod = importlib.import_module(_MODULES[what])
+        getattr(mod, "load", lambda: None)()
+    except ImportError as e:
+        warnings.warn(f"refimpl: {what} kernels unavailable ({e}); running the NumPy reference", RuntimeWarning,
+                      stacklevel=3)
+
+
+def _chain(info: OpInfo, b: str, profile: str) -> list[tuple[str | None, Callable]]:
+    """(backend or None, implementation) that a call tries under backend b and a numerics profile, best first."""
+    out = []
+    for key in NUMERICS[profile]:
+        if key not in _loaded:
+            _load(key)
+        for bk in ((b, None) if b != "numpy" else (None,)):
+            f = info.impls.get((bk, key))
+            if f is not None:
+                out.append((bk, f))
+    return out
+
+
+def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable | None = None):
+    """Register the NumPy reference of a ggml op; the returned wrapper validates (check) and dispatches.
+    Every op accepts `numerics=` (a profile name): the call then runs under that profile."""
+    # covers=None: the enum named like the op; covers=(): a composite with no enum of its own
+    cov = (name.upper(),) if covers is None else (covers,) if isinstance(covers, str) else tuple(covers)
+
+    def deco(fn):
+        info = OpInfo(name, fn, cov, check)
+        OPS[name] = info
+
+        @functools.wraps(fn)
+        def wrapper(*args, numerics: str | None = None, **kwargs):
+            try:
+                if numerics is not None and numerics != _numerics.get():
+                    if numerics not in NUMERICS:
+                        raise ValueError(f"{name}: unknown numerics {numerics!r}; one of {tuple(NUMERICS)}")
+                    tok = _numerics.set(numerics)
+                    try:
+                        return _call(info, args, kwargs)
+                    finally:
+                        _numerics.reset(tok)
+                return _call(info, args, kwargs)
+            except GGMLShapeError as e:
+                # an op built on others (conv_1d on im2col and mul_mat) names itself before the inner op
+                if str(e).startswith(f"{name}:"):
+                    raise
+                raise GGMLShapeError(f"{name}: {e}") from e
+
+        wrapper.reference = fn
+        wrapper.op_info = info
+        return wrapper
+    return deco
+
+
+def _call(info: OpInfo, args, kwargs):
+    if info.check is not None:
+        info.check(*args, **kwargs)
+    b = _backend.get()
+    if b != "numpy" and b not in _loaded:
+        _load(b)
+    profile = _numerics.get()
+    if profile not in NUMERICS:
+        raise ValueError(f"unknown numerics {profile!r} (REFIMPL_NUMERICS?); one of {tuple(NUMERICS)}")
+    host = None
+    for bk, impl in _chain(info, b, profile):
+        if bk is None and b == "cuda":      # NumPy code under the CUDA backend: host copies of device arrays
+            host = host or (_host_args(args), dict(zip(kwargs, _host_args(kwargs.values()))))
+            out = impl(*host[0], **host[1])
+        else:
+            out = impl(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    if b == "cuda":      # no CUDA kernel took it: the reference on host copies of device arrays
+        host = host or (_host_args(args), dict(zip(kwargs, _host_args(kwargs.values()))))
+        return info.fn(*host[0], **host[1])
+    return info.fn(*args, **kwargs)
+
+
+def _on_host(x):
+    if hasattr(x, "copy_to_host") and hasattr(x, "shape"):      # a numba.cuda device array
+        return x.copy_to_host()
+    if isinstance(x, (list, tuple)) and any(hasattr(y, "copy_to_host") for y in x):
+        return type(x)(_on_host(y) for y in x)
+    return x
+
+
+def _host_args(args) -> tuple:
+    return tuple(_on_host(a) for a in args)
+
+
+def register(name: str, backend: str | None = None, numerics: str | tuple[str, ...] = ("exact", "fast")):
+    """Register an implementation of op `name` (same signature as the op, without `numerics`) under a
+    backend (None: every backend) for one or more numerics keys (KEYS). A kernel that serves exact and fast
+    reads which with current_numerics()."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
+    keys = (numerics,) if isinstance(numerics, str) else tuple(numerics)
+    for k in keys:
+        if k not in KEYS:
+            raise ValueError(f"unknown numerics key {k!r}; one of {KEYS}")
+
+    def deco(fn):
+        for k in keys:
+            OPS[name].impls[(backend, k)] = fn
+        return fn
+    return deco
+
+
+def implements(ref: Callable, backend: str):
+    """Register a kernel for a function that is not an op (a block dequantizer or quantizer of
+    refimpl.quants), keyed by the reference function itself; `kernel_for(ref)` finds it."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
+
+    def deco(fn):
+        KERNELS[(ref, backend)] = fn
+        return fn
+    return deco
+
+
+def kernel_for(ref: Callable) -> Callable | None:
+    """The kernel registered with `implements(ref, ...)` for the active backend, or None (run ref)."""
+    b = _backend.get()
+    if b == "numpy":
+        return None
+    if b not in _loaded:
+        _load(b)
+    return KERNELS.get((ref, b))
+
+
+@contextlib.contextmanager
+def backend(name: str):
+    """Run ops with the kernels of `name` ("numpy", "numba", "cuda") where one is registered."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; one of {BACKENDS}")
+    tok = _backend.set(name)
+    try:
+        yield name
+    finally:
+        _backend.reset(tok)
+
+
+@contextlib.contextmanager
+def numerics(mode: str):
+    """Run ops under a numerics profile (NUMERICS): "exact" (default), "fast", "ggml", "ggml-nollamafile"."""
+    if mode not in NUMERICS:
+        raise ValueError(f"unknown numerics mode {mode!r}; one of {tuple(NUMERICS)}")
+    tok = _numerics.set(mode)
+    try:
+        yield mode
+    finally:
+        _numerics.reset(tok)
+
+
+def current_backend() -> str:
+    return _backend.get()
+
+
+def current_numerics(override: str | None = None) -> str:
+    if override is not None:
+        if override not in NUMERICS:
+            raise ValueError(f"unknown numerics mode {override!r}; one of {tuple(NUMERICS)}")
+        return override
+    return _numerics.get()
+
+
+def ggml_numerics(override: str | None = None) -> bool:
+    """Whether the active (or given) profile reproduces ggml-cpu's roundings ("ggml", "ggml-nollamafile"):
+    what a model asks to lay out its state as llama.cpp's graph does (f16 KV cells, padded spans)."""
+    return current_numerics(override) in GGML_PROFILES
