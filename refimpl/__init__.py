@@ -13,7 +13,7 @@ __all__ = ["GGMLType", "QTensor", "quantize", "dequantize", "traits", "type_trai
            "backend", "numerics"] + [n for n in ops.__all__ if n not in ("OPS", "op", "register")]
 
 
-_LAZY = ("gguf", "fetch", "sampling", "tokenizer", "chat", "models", "testing")
+_LAZY = ("gguf", "fetch", "sampling", "tokenizer", "tokenizers", "chat", "models", "testing")
 
 
 def __getattr__(name):

@@ -324,7 +324,7 @@ def _load_rwkv(args, path):
     from . import gguf
     from .models import rwkv
     from .qtensor import QTensor, dequantize
-    from .rwkv_tokenizer import RWKVTokenizer
+    from .tokenizers.rwkv import RWKVTokenizer
     t0 = time.perf_counter()
     with open(path, "rb") as f:
         is_gguf = f.read(4) == b"GGUF"

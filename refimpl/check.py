@@ -27,14 +27,15 @@ import math
 
 import numpy as np
 
-from .compare import Row, _row, format_table, weight_type
+from .compare import weight_type
+from .report import Row, format_table, row
 
 PAIRS = ("token-by-token", "chunked", "cache", "numba", "cuda", "exact-ggml")
 DEFAULT_PROMPT = "The capital of France is"
 
 
 def _budget(pair: str, wtype: str, numerics: str) -> float:
-    from .testing.tolerances import tol
+    from .tolerances import tol
     t = tol(f"llama.check.{pair}", wtype, numerics)
     return 0.0 if t.exact else float(t.nmse)
 
@@ -131,7 +132,7 @@ def check(model_path, prompt: str | None = None, *, tokens=None, numerics: str =
         if ours is None:
             rows.append(Row(pair, (), math.nan, math.nan, bud, False, note))
         else:
-            rows.append(_row(pair, ours, ref, bud, note))
+            rows.append(row(pair, ours, ref, bud, note))
     return rows
 
 

@@ -1,9 +1,8 @@
-"""refimpl against llama.cpp (a whole model, tensor by tensor) and against ggml (one op).
+"""refimpl against llama.cpp (a whole model, tensor by tensor); `--op` against ggml (one op).
 
-    from refimpl.compare import compare, compare_op, format_table
+    from refimpl.compare import compare, format_table
     rows = compare("model.gguf", "The capital of France is", numerics="ggml")
     print(format_table(rows))                  # name, shape, NMSE, max |d|, budget, first tensor over it
-    rows = compare_op("soft_max_ext", numerics="ggml")
 
 `compare` runs the prompt's tokens through llama.cpp (llama-cpp-python's low-level API: CPU backend, no
 weight repacking, flash attention off, f16 KV cache, one micro-batch, logits for every position) with a
@@ -25,10 +24,10 @@ same cells as llama.cpp.
 Budgets are NMSE bounds per tensor from the tolerance table (`("compare", weight type, numerics)`), the
 weight type being that of `blk.0.ffn_down.weight` (RWKV: `blocks.0.ffn.value.weight`); `over` marks a
 tensor beyond its budget.
-`compare_op` runs an op's named golden cases and a few drawn ones (`refimpl.testing.cases`) through refimpl
-and through ggml-python and judges each by the op's entry in the tolerance table.
+`refimpl compare --op OP` runs an op's named golden cases and a few drawn ones through refimpl and ggml-python
+(refimpl.testing.compare_op: part of the test toolkit, loaded for --op only).
 
-Needs llama-cpp-python (`compare`) or ggml-python (`compare_op`); neither is imported before use, and llama.cpp
+Needs llama-cpp-python (`compare`); it is not imported before use, and llama.cpp
 runs in a child interpreter: its libllama binds to whatever libggml the process already has loaded (ggml-python's
 would do), and then it would run that build's kernels.
 """
@@ -39,30 +38,17 @@ import ctypes
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
+
+from .report import Row, first_over, format_table, row  # noqa: F401  (Row, format_table: public here too)
 
 # llama.cpp tensor types whose values are read (ggml_type: numpy dtype)
 _GGML_DTYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64,
                 28: np.float64}
 _LOG_LINES: list[str] = []          # llama.cpp's log while refimpl.compare drives it
 _KEEP: list = []                    # ctypes callbacks that llama.cpp may still call
-
-
-class Row(NamedTuple):
-    """One compared tensor (or op case): NMSE and max |d| of refimpl's values against the oracle's."""
-    name: str
-    shape: tuple                     # NumPy order (refimpl's); ggml ne is shape[::-1]
-    nmse: float
-    max_abs: float
-    budget: float                    # the NMSE bound (0.0: identical bits required)
-    over: bool
-    note: str = ""
-
-    @property
-    def ne(self) -> list[int]:
-        return list(self.shape)[::-1]
 
 
 @dataclass
@@ -485,7 +471,7 @@ def weight_type(model) -> str:
 
 def budget(wtype: str, numerics: str) -> float:
     """The NMSE budget per tensor for a model of weight type `wtype` compared in `numerics` mode."""
-    from .testing.tolerances import tol
+    from .tolerances import tol
     t = tol("compare", wtype, numerics)
     return 0.0 if t.exact else float(t.nmse)
 
@@ -501,24 +487,6 @@ def _align(ours: np.ndarray, theirs: np.ndarray):
             and ours.shape[-1] < theirs.shape[-1]):
         return theirs[..., :ours.shape[-1]], f"first {ours.shape[-1]} of llama.cpp's {theirs.shape[-1]} KV cells"
     return None, f"llama.cpp has ne {list(theirs.shape[::-1])}"
-
-
-def _row(name, ours, theirs, bud, note="") -> Row:
-    from .testing import nmse
-    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    fa, fb = np.isfinite(a), np.isfinite(b)
-    if not np.array_equal(fa, fb) or not np.array_equal(a[~fa], b[~fb]):
-        bad = int(np.sum(fa != fb))
-        return Row(name, tuple(np.shape(ours)), math.inf, math.inf, bud, True,
-                   (note + "; " if note else "") + f"non-finite values differ ({bad} places)")
-    e = nmse(a[fa], b[fb]) if fa.any() else 0.0
-    d = float(np.max(np.abs(a[fa] - b[fb]))) if fa.any() else 0.0
-    if bud == 0.0:
-        over = not np.array_equal(np.asarray(ours).astype(np.float32).view(np.uint32),
-                                  np.asarray(theirs).astype(np.float32).view(np.uint32))
-    else:
-        over = not e <= bud
-    return Row(name, tuple(np.shape(ours)), e, d, bud, over, note)
 
 
 def run_refimpl(model, tokens, *, numerics: str = "exact", cache_dtype=None, fam: Family | None = None):
@@ -589,8 +557,8 @@ def compare(model_path, prompt=None, *, numerics: str = "exact", tokens=None, n_
         if theirs is None:
             rows.append(Row(name, tuple(np.shape(ours[name])), math.nan, math.nan, bud, True, note))
             continue
-        rows.append(_row(name, ours[name], theirs, bud, note))
-    rows.append(_row(fam.output[0], out, ref.logits, bud, fam.output[1]))
+        rows.append(row(name, ours[name], theirs, bud, note))
+    rows.append(row(fam.output[0], out, ref.logits, bud, fam.output[1]))
     return rows
 
 
@@ -659,147 +627,12 @@ def compare_served(model_path, tokens, *, numerics: str = "exact", backend: str 
         if theirs is None:
             rows.append(Row(name, tuple(np.shape(ours[name])), math.nan, math.nan, bud, True, note))
             continue
-        rows.append(_row(name, ours[name], theirs, bud, note))
-    rows.append(_row("result_output", served.logits, ref.logits, bud, "logits"))
+        rows.append(row(name, ours[name], theirs, bud, note))
+    rows.append(row("result_output", served.logits, ref.logits, bud, "logits"))
     return rows
-
-
-# -- one op against ggml-python --------------------------------------------------------------------------
-
-def _drawn_cases(op: str, n: int, seed: int) -> list:
-    """n OpCases of the op's hypothesis strategy, drawn reproducibly (derandomized by seed)."""
-    if n <= 0:
-        return []
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hseed
-    from .testing.cases import op_cases
-    out: list = []
-
-    @hseed(seed)
-    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(case=op_cases(op))
-    def collect(case):
-        out.append(case)
-    collect()
-    return out[:n]
-
-
-def compare_op(op: str, *, numerics: str = "exact", n_cases: int = 10, seed: int = 0,
-               named: bool = True) -> list[Row]:
-    """One op against ggml-python: the op's named golden cases (named=True) and n_cases drawn ones, each
-    run by refimpl in `numerics` mode (NumPy backend) and by ggml, judged by the tolerance table's entry
-    (op, case type, "ggml-faithful" under numerics="ggml" where there is one, else "ggml")."""
-    from . import backend
-    from . import numerics as numerics_mode
-    from .dispatch import ggml_numerics
-    from .testing import ggml as oracle
-    from .testing.cases import named_cases
-    from .testing.golden import check_values
-    from .testing.tolerances import tol
-    if not oracle.available():
-        raise ImportError("compare_op needs ggml-python==0.0.45 (pip install 'refimpl[test]')")
-    cases = (named_cases(op) if named else []) + _drawn_cases(op, n_cases, seed)
-    if not cases:
-        raise KeyError(f"no golden cases for op {op!r} (refimpl.testing.cases)")
-    # ggml-python's build has no llamafile sgemm: its profile is "ggml-nollamafile"
-    mode = "ggml-nollamafile" if numerics == "ggml" else numerics
-    rows = []
-    for case in cases:
-        t = None
-        if ggml_numerics(mode):
-            with contextlib.suppress(KeyError):
-                t = tol(case.op, case.type, "ggml-faithful")
-        t = t or tol(case.op, case.type, "ggml")
-        bud = 0.0 if t.exact else (t.nmse if t.nmse is not None else math.nan)
-        with numerics_mode(mode), backend("numpy"), np.errstate(all="ignore"):
-            ours = case.run()
-        theirs = case.run_ggml()
-        a, e = _values(ours), _values(theirs)
-        shape = tuple(np.shape(a))
-        note = ""
-        try:
-            if t.exact and not isinstance(ours, (tuple, list)):
-                _same_bits(ours, theirs)
-            else:
-                check_values(ours, theirs, t, case.name, bound=t.bound(*case.args) if t.bound else None)
-            over = False
-        except AssertionError as err:
-            over, note = True, str(err).replace(case.name + ": ", "").splitlines()[0][:160]
-        if a.size == e.size:
-            e = e.reshape(a.shape)
-            fin = np.isfinite(a) & np.isfinite(e)
-            from .testing import nmse
-            err_n = nmse(a[fin], e[fin]) if fin.any() else 0.0
-            d = float(np.max(np.abs(a[fin] - e[fin]))) if fin.any() else 0.0
-        else:
-            err_n = d = math.nan
-        if t.max_ulp is not None and not note:
-            note = f"budget {t.max_ulp} ulp"
-        rows.append(Row(case.name, shape, err_n, d, bud, over, note))
-    return rows
-
-
-def _same_bits(actual, expected) -> None:
-    """Identical bits, NaNs only in the same places (their payloads and signs may differ, as ggml's own
-    NaN results do); raises AssertionError naming the first difference."""
-    from .qtensor import QTensor
-    if isinstance(actual, QTensor) or isinstance(expected, QTensor):
-        a, e = np.asarray(getattr(actual, "data", actual)), np.asarray(getattr(expected, "data", expected))
-        if a.shape != e.shape or not np.array_equal(a, e):
-            raise AssertionError("the blocks differ")
-        return
-    a, e = np.asarray(actual), np.asarray(expected)
-    if a.dtype != e.dtype or a.size != e.size:
-        raise AssertionError(f"{a.dtype}{a.shape} != expected {e.dtype}{e.shape}")
-    a, e = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(e).reshape(-1)
-    if a.dtype.kind != "f":
-        bad = a != e
-    else:
-        na, ne_ = np.isnan(a), np.isnan(e)
-        u = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
-        bad = (na != ne_) | ((a.view(u) != e.view(u)) & ~na)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise AssertionError(f"{int(bad.sum())} of {a.size} values differ, first at flat index {i}: "
-                             f"{a[i]!r} != {e[i]!r}")
-
-
-def _values(x) -> np.ndarray:
-    from .qtensor import QTensor, dequantize
-    if isinstance(x, QTensor):
-        return dequantize(x).astype(np.float64)
-    if isinstance(x, (tuple, list)):
-        return np.concatenate([_values(v).reshape(-1) for v in x])
-    return np.asarray(x).astype(np.float64)
 
 
 # -- printing and the command line ---------------------------------------------------------------------
-
-def first_over(rows: list[Row]) -> Row | None:
-    return next((r for r in rows if r.over), None)
-
-
-def format_table(rows: list[Row], title: str = "", kind: str = "tensor") -> str:
-    """The rows as a text table: name, ggml ne, NumPy shape, NMSE, max |d|, budget, and a last line naming
-    the first `kind` (tensor, case, check) over its budget (or saying there is none)."""
-    def num(x):
-        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}" if x else "0"
-    head = ("name", "ne", "numpy shape", "NMSE", "max|d|", "budget", "")
-    body = [(r.name, str(r.ne).replace(" ", ""), str(tuple(r.shape)).replace(" ", ""), num(r.nmse),
-             num(r.max_abs), num(r.budget) if r.budget else "identical", ("OVER " if r.over else "") + r.note)
-            for r in rows]
-    w = [max(len(x[i]) for x in [head] + body) for i in range(6)]
-    lines = [title] if title else []
-    lines.append("  ".join(h.ljust(w[i]) if i < 3 else h.rjust(w[i]) for i, h in enumerate(head[:6])).rstrip())
-    for x in body:
-        lines.append("  ".join(v.ljust(w[i]) if i < 3 else v.rjust(w[i]) for i, v in enumerate(x[:6]))
-                     + ("  " + x[6] if x[6] else ""))
-    f = first_over(rows)
-    lines.append(f"first {kind} over budget: {f.name} (NMSE {num(f.nmse)} > {num(f.budget)})" if f
-                 else f"no {kind} over budget ({len(rows)} compared)")
-    return "\n".join(lines)
-
 
 def add_parser(sub, add_model_options) -> None:
     """Register `refimpl compare` on the command line's subparsers."""
@@ -828,6 +661,12 @@ def cli(args) -> int:
     mode = args.numerics or "exact"
     try:
         if args.op:
+            try:        # the per-op comparison is the test toolkit's (op cases, ggml-python): loaded for --op only
+                from .testing.compare_op import compare_op
+            except ImportError as e:
+                print(f"refimpl compare --op: needs the test extra (pip install 'refimpl[test]'): {e}",
+                      file=sys.stderr)
+                return 2
             rows = compare_op(args.op, numerics=mode, n_cases=args.cases, seed=args.seed or 0)
             title = f"{args.op}: refimpl (numerics={mode}) vs ggml-python, {len(rows)} cases"
         else:
@@ -845,7 +684,7 @@ def cli(args) -> int:
             if args.served:
                 if toks is None:
                     from . import gguf
-                    from .tokenizer import from_gguf
+                    from .tokenizers import from_gguf
                     toks = from_gguf(gguf.load(args.model)).encode(args.prompt, add_special=True)
                 be = getattr(args, "backend", None) or "numpy"
                 rows = compare_served(args.model, toks, numerics=mode, backend="numpy" if mode == "ggml" else be,

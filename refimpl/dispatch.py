@@ -165,14 +165,14 @@ def _call(info: OpInfo, args, kwargs):
     host = None
     for bk, impl in _chain(info, b, profile):
         if bk is None and b == "cuda":      # NumPy code under the CUDA backend: host copies of device arrays
-            host = host or (_host_args(args), dict(zip(kwargs, _host_args(kwargs.values()))))
+            host = host or (host_args(args), dict(zip(kwargs, host_args(kwargs.values()))))
             out = impl(*host[0], **host[1])
         else:
             out = impl(*args, **kwargs)
         if out is not NotImplemented:
             return out
     if b == "cuda":      # no CUDA kernel took it: the reference on host copies of device arrays
-        host = host or (_host_args(args), dict(zip(kwargs, _host_args(kwargs.values()))))
+        host = host or (host_args(args), dict(zip(kwargs, host_args(kwargs.values()))))
         return info.fn(*host[0], **host[1])
     return info.fn(*args, **kwargs)
 
@@ -185,7 +185,7 @@ def _on_host(x):
     return x
 
 
-def _host_args(args) -> tuple:
+def host_args(args) -> tuple:
     return tuple(_on_host(a) for a in args)
 
 

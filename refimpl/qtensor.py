@@ -192,7 +192,7 @@ def dequantize(qt) -> np.ndarray:
     if not _DQ:                                 # imported on first use (refimpl.quants imports this module)
         from .dispatch import kernel_for
         from .quants import DEQUANTIZERS
-        from .quants._common import CHUNK
+        from .quants import CHUNK
         _DQ.update(kernel_for=kernel_for, DEQUANTIZERS=DEQUANTIZERS, CHUNK=CHUNK)
     kernel_for, CHUNK = _DQ["kernel_for"], _DQ["CHUNK"]
     tr = traits(qt.type)

@@ -1,4 +1,5 @@
-"""f32 roundings NumPy has no function for (core: ops and the ggml-numerics kernels both use them)."""
+"""ggml's float conversions and roundings that NumPy has no function for (core: the block formats, ops and the
+ggml-numerics kernels use them)."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,3 +36,24 @@ def fma32(a, b, c) -> np.ndarray:
             s = np.array(s, copy=True)
             s[risky] = (br + np.where(fix, np.where((e > 0) == (sr > 0), 1, -1), 0)).view(f64)
         return s.astype(f32)
+
+
+def f16_to_f32(h: np.ndarray) -> np.ndarray:
+    """ggml's f16 -> f32 (`GGML_FP16_TO_FP32`): exact, except that a signalling NaN comes out quiet."""
+    out = np.asarray(h, "<f2").astype(np.float32)
+    nan = np.isnan(out)
+    if nan.any():
+        out = np.where(nan, (out.view(np.uint32) | np.uint32(0x00400000)).view(np.float32), out)
+    return out
+
+
+def f16_bits(v) -> np.ndarray:
+    """ggml's f32 -> f16 (`GGML_FP32_TO_FP16`): round to nearest even, overflow to inf, and every NaN
+    to the quiet NaN 0x7E00 carrying the input's sign. Returns '<u2'."""
+    v = np.asarray(v, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = v.astype("<f2").view("<u2")
+    nan = np.isnan(v)
+    if nan.any():
+        bits = np.where(nan, (np.signbit(v).astype(np.uint16) << 15) | 0x7E00, bits).astype("<u2")
+    return bits

@@ -109,7 +109,7 @@ def test_generate_checkpoint_with_vocab(version, suffix, world_vocab, tmp_path, 
         main(["generate", "-m", str(p), "-p", "x", "-n", "2", *OPTS])
     r = _stdout(capsys, ["generate", "-m", str(p), "--vocab", world_vocab, "-p", "Hi!", "-n", "6", *OPTS])
     m = rwkv.load(p)
-    m.tokenizer = refimpl.rwkv_tokenizer.RWKVTokenizer.from_world_vocab(world_vocab, vocab_size=VOCAB)
+    m.tokenizer = refimpl.tokenizers.rwkv.RWKVTokenizer.from_world_vocab(world_vocab, vocab_size=VOCAB)
     with refimpl.backend("numpy"):
         want = _greedy(m, m.tokenizer.encode("Hi!"), 6)
     assert want and r.out == "Hi!" + m.tokenizer.decode(want)

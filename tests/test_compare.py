@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from refimpl import backend
-from refimpl.compare import (Row, compare, compare_op, first_over, format_table, llama_cpp_available,
+from refimpl.testing.compare_op import compare_op
+from refimpl.compare import (Row, compare, first_over, format_table, llama_cpp_available,
                              llama_cpp_system_info, profile_problems, run_llama_cpp)
 from refimpl.models import llama
 

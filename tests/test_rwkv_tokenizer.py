@@ -1,4 +1,4 @@
-"""refimpl.rwkv_tokenizer: byte round trips, greedy longest match, and the real World vocabulary.
+"""refimpl.tokenizers.rwkv: byte round trips, greedy longest match, and the real World vocabulary.
 
 Most tests build small vocabularies (all 256 single bytes plus drawn multi-byte tokens) as GGUF
 metadata, the way llama.cpp's converter stores RWKV tokens (Python's bytes repr without b'' quotes),
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from refimpl.rwkv_tokenizer import RWKVTokenizer, escape_token, unescape_token
+from refimpl.tokenizers.rwkv import RWKVTokenizer, escape_token, unescape_token
 from refimpl.tokenizer import from_gguf
 
 EXAMPLES = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

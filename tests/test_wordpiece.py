@@ -1,4 +1,4 @@
-"""refimpl.wordpiece against Hugging Face `tokenizers` on the real all-MiniLM-L6-v2 vocabulary.
+"""refimpl.tokenizers.wordpiece against Hugging Face `tokenizers` on the real all-MiniLM-L6-v2 vocabulary.
 
 Every expected id comes from `tokenizers` (BertTokenizerFast's engine, loaded from the model's own
 tokenizer.json) or, for `compat="llama.cpp"`, from llama.cpp (ids recorded below from
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import refimpl.fetch
-from refimpl.wordpiece import WordPieceTokenizer, from_hf_dir
+from refimpl.tokenizers.wordpiece import WordPieceTokenizer, from_hf_dir
 
 tokenizers = pytest.importorskip("tokenizers", reason="the `tokenizers` package (the reference) is not installed")
 

@@ -141,7 +141,7 @@ def _attn(q, kt, v, mask, has_mask, slopes, sinks, has_sinks, scale, c, csc, ski
 def _kv_ok(x) -> bool:
     """A K or V operand the reference accepts: a QTensor of a K/V type, or f32/f16 with contiguous rows."""
     if isinstance(x, QTensor):
-        return x.type not in ref_at._NOT_KV and len(x.shape) <= 4
+        return x.type not in ref_at.NOT_KV and len(x.shape) <= 4
     return (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float16) and x.ndim <= 4
             and not (x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize))
 

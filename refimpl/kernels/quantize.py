@@ -49,10 +49,10 @@ PAR_MIN = 1 << 12       # elements per thread at least
 def tables() -> tuple:
     """T[0] kvalues_iq4nl f32 (16,); T[1..3] iq.best_index's tables over floor(x) + 128 (mu uint8,
     K[mu-1], K[mu]); T[4] the E2M1 magnitudes 0 1 2 3 4 6 8 12 (f32)."""
-    mu, lo, hi = iq._best_index_tables()
-    return (np.ascontiguousarray(iq._kf(), np.float32), np.ascontiguousarray(mu, np.uint8),
+    mu, lo, hi = iq.best_index_tables()
+    return (np.ascontiguousarray(iq.kf(), np.float32), np.ascontiguousarray(mu, np.uint8),
             np.ascontiguousarray(lo, np.float32), np.ascontiguousarray(hi, np.float32),
-            np.ascontiguousarray(fp4._MAGNITUDES, np.float32))
+            np.ascontiguousarray(fp4.MAGNITUDES, np.float32))
 
 
 # -- shared pieces -----------------------------------------------------------------------------------------

@@ -64,10 +64,10 @@ def tables() -> tuple:
             f(TABLES["iq2s"]),                   # 2  (1024, 8)
             f(TABLES["iq3xxs"]),                 # 3  (256, 4)
             f(TABLES["iq3s"]),                   # 4  (512, 4)
-            f(iq._iq1_table()),                  # 5  (4096, 8) iq1s grid + 0.125, then grid - 0.125
+            f(iq.iq1_table()),                  # 5  (4096, 8) iq1s grid + 0.125, then grid - 0.125
             np.ascontiguousarray(TABLES["ksigns"], np.uint8),   # 6  (128,) sign masks (uint8)
             f(TABLES["kvalues_iq4nl"]),          # 7  (16,)
-            f(fp4._KV),                          # 8  (16,) E2M1 values, doubled
+            f(fp4.KV),                          # 8  (16,) E2M1 values, doubled
             f(fp4.ue4m3_half(np.arange(256))))   # 9  (256,) UE4M3 byte -> value / 2
 
 

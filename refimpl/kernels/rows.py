@@ -19,7 +19,7 @@ from . import quants
 
 
 def _covered(a, rows) -> bool:
-    if not isinstance(a, QTensor) or a.type not in quants.DECODABLE or a.type in ref_mv._GET_ROWS_BAD:
+    if not isinstance(a, QTensor) or a.type not in quants.DECODABLE or a.type in ref_mv.GET_ROWS_BAD:
         return False
     if not isinstance(rows, np.ndarray) or rows.dtype != np.int32 or a.ndim > 4 or rows.ndim > 3:
         return False

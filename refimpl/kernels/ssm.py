@@ -87,8 +87,8 @@ def ssm_scan(s, x, dt, A, B, C, ids) -> np.ndarray:
     s, x, dt, A, B, C, ids = args
     d_state, head_dim, n_head, n_tok, n_seqs, n_group, na0 = dims
     cont = np.ascontiguousarray
-    d = cont(ref_rc._softplus(dt.reshape(n_seqs, n_tok, n_head)))                   # (n_seqs, n_tok, n_head)
-    dA = cont(ref_rc._expf(d[..., None] * A.reshape(n_head, na0)))                # (n_seqs, n_tok, n_head, na0)
+    d = cont(ref_rc.softplus_f32(dt.reshape(n_seqs, n_tok, n_head)))                   # (n_seqs, n_tok, n_head)
+    dA = cont(ref_rc.expf_f32(d[..., None] * A.reshape(n_head, na0)))                # (n_seqs, n_tok, n_head, na0)
     s0 = cont(s.reshape(-1, n_head, head_dim, d_state))
     x4 = cont(x.reshape(n_seqs, n_tok, n_head, head_dim))
     B4, C4 = (cont(v.reshape(n_seqs, n_tok, n_group, d_state)) for v in (B, C))

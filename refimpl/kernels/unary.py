@@ -22,7 +22,7 @@ from numba import njit
 from ..ops import elementwise as ref_ew
 from ..dispatch import register
 from ..shapes import ne4
-from ..quants._common import f16_to_f32
+from ..rounding import f16_to_f32
 from ._common import f16_bits, parallel_ranges
 from .vexp import exp32_into
 from .simd import vgelu16

@@ -296,7 +296,7 @@ def load(path, *, act: str | None = None, tokenizer: bool = True) -> BertModel:
     check_weights(hp, weights, where=str(f.path))
     tok = None
     if tokenizer:
-        from ..tokenizer import from_gguf
+        from ..tokenizers import from_gguf
         tok = from_gguf(f)
     max_len = getattr(tok, "max_length", None) or hp.n_ctx_train
     return BertModel(hp, weights, _layers(weights, hp.n_layer), tok, hp.pooling, max_len, f.metadata, str(f.path),
@@ -304,7 +304,7 @@ def load(path, *, act: str | None = None, tokenizer: bool = True) -> BertModel:
 
 
 def _load_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
-    from ..convert import bert as cb
+    from . import bert_hf as cb
     hp = HParams.from_hf_config(cb.read_config(src), src / "config.json", pooling=cb.hf_pooling(src))
     hp = _with_act(hp, act)
     weights = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in cb.hf_tensors(src).items()}
@@ -312,7 +312,7 @@ def _load_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
     max_len = cb.hf_max_length(src)
     tok = None
     if tokenizer:
-        from ..wordpiece import WordPieceTokenizer
+        from ..tokenizers.wordpiece import WordPieceTokenizer
         tok = WordPieceTokenizer.from_hf_dir(src)
     if max_len is None:
         max_len = getattr(tok, "max_length", None) or hp.n_ctx_train

@@ -312,7 +312,7 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
         progress(1, 1)
     tok = None
     if tokenizer and "tokenizer.ggml.model" in kv:
-        from ..tokenizer import from_gguf
+        from ..tokenizers import from_gguf
         _gguf.check_tokenizer_metadata(kv, path)
         tok = from_gguf(f)
     return LlamaModel(hp, emb, output_norm, output, layers, tok, kv, str(path))

@@ -11,12 +11,12 @@ from .softmax import alibi_slopes
 
 # K types ggml-cpu's flash attention takes: any with a vec_dot and a from_float for its vec_dot_type
 # (every weight type but the activation-only Q8_1/Q8_K and the integer types).
-_NOT_KV = {GGMLType.Q8_1, GGMLType.Q8_K, GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64, GGMLType.F64}
+NOT_KV = {GGMLType.Q8_1, GGMLType.Q8_K, GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64, GGMLType.F64}
 
 
 def _kv(name, x, what, q):
     if isinstance(x, QTensor):
-        if x.type in _NOT_KV:
+        if x.type in NOT_KV:
             fail(name, f"{what} cannot be {x.traits.name}", q=q, **{what: x})
         return x, x.shape
     x = np.asarray(x)

@@ -33,13 +33,13 @@ _F32_MAX = np.float32(np.finfo(np.float32).max)
 
 # -- helpers -------------------------------------------------------------------------------------------
 
-def _conv_size(n: int, k: int, s: int, p: int, d: int) -> int:
+def conv_size(n: int, k: int, s: int, p: int, d: int) -> int:
     """ggml_calc_conv_output_size: (n + 2p - d(k-1) - 1) / s + 1 with C's truncating division."""
     num = n + 2 * p - d * (k - 1) - 1
     return (abs(num) // s) * (1 if num >= 0 else -1) + 1
 
 
-def _pool_size(n: int, k: int, s: int, p: float) -> int:
+def pool_size(n: int, k: int, s: int, p: float) -> int:
     """ggml_calc_pool_output_size: (n + 2p - k) / s + 1 evaluated in f32, truncated to an integer."""
     f = np.float32
     return int((f(n) + f(2) * f(p) - f(k)) / f(s) + f(1))
@@ -141,14 +141,14 @@ def im2col(a, b: np.ndarray, s0: int = 1, s1: int = 1, p0: int = 0, p1: int = 0,
         _need("im2col", "data b", b, [np.float32], a=a, b=b)
     _positive("im2col", s0=s0, **({"s1": s1} if is_2D else {}))
     if is_2D:
-        OW, OH = _conv_size(nb[0], na[0], s0, p0, d0), _conv_size(nb[1], na[1], s1, p1, d1)
+        OW, OH = conv_size(nb[0], na[0], s0, p0, d0), conv_size(nb[1], na[1], s1, p1, d1)
         if OW <= 0 or OH <= 0:
             fail("im2col", f"b too small compared to a (OW={OW}, OH={OH})", a=a, b=b)
         x = b.reshape(nb[::-1])                                                   # (N, IC, IH, IW)
         cols = _patches(x, (na[1], na[0]), (s1, s0), (p1, p0), (d1, d0), (OH, OW))  # (N, IC, OH, OW, KH, KW)
         cols = cols.transpose(0, 2, 3, 1, 4, 5).reshape(nb[3], OH, OW, nb[2] * na[1] * na[0])
     else:
-        OL = _conv_size(nb[0], na[0], s0, p0, d0)
+        OL = conv_size(nb[0], na[0], s0, p0, d0)
         if OL <= 0:
             fail("im2col", f"b too small compared to a (OL={OL})", a=a, b=b)
         x = b.reshape(nb[2], nb[1], nb[0])                                        # (N, IC, IL)
@@ -224,8 +224,8 @@ def im2col_3d(a, b: np.ndarray, IC: int, s0: int = 1, s1: int = 1, s2: int = 1, 
     if nb[3] % IC:
         fail("im2col_3d", f"data ne3 must be N*IC with IC={IC}", a=a, b=b)
     N = nb[3] // IC
-    OW, OH, OD = (_conv_size(nb[0], na[0], s0, p0, d0), _conv_size(nb[1], na[1], s1, p1, d1),
-                  _conv_size(nb[2], na[2], s2, p2, d2))
+    OW, OH, OD = (conv_size(nb[0], na[0], s0, p0, d0), conv_size(nb[1], na[1], s1, p1, d1),
+                  conv_size(nb[2], na[2], s2, p2, d2))
     if min(OW, OH, OD) <= 0:
         fail("im2col_3d", f"b too small compared to a (OW={OW}, OH={OH}, OD={OD})", a=a, b=b)
     x = b.reshape(N, IC, nb[2], nb[1], nb[0])
@@ -459,7 +459,7 @@ def conv_2d_direct(a: np.ndarray, b: np.ndarray, s0: int = 1, s1: int = 1, p0: i
     if na[2] != nb[2]:
         fail("conv_2d_direct", "kernel ne2 (IC) must equal data ne2", a=a, b=b)
     _positive("conv_2d_direct", s0=s0, s1=s1)
-    OW, OH = _conv_size(nb[0], na[0], s0, p0, d0), _conv_size(nb[1], na[1], s1, p1, d1)
+    OW, OH = conv_size(nb[0], na[0], s0, p0, d0), conv_size(nb[1], na[1], s1, p1, d1)
     if OW <= 0 or OH <= 0:
         fail("conv_2d_direct", f"b too small compared to a (OW={OW}, OH={OH})", a=a, b=b)
     x = _as_kernel_type(b.reshape(nb[::-1]), a)
@@ -492,8 +492,8 @@ def conv_2d_dw_direct(a: np.ndarray, b: np.ndarray, stride0: int = 1, stride1: i
     if na[2] != 1 or na[3] != nb[2]:
         fail("conv_2d_dw_direct", "kernel must be ne [KW, KH, 1, C] with C = data ne2", a=a, b=b)
     _positive("conv_2d_dw_direct", stride0=stride0, stride1=stride1)
-    OW = _conv_size(nb[0], na[0], stride0, pad0, dilation0)
-    OH = _conv_size(nb[1], na[1], stride1, pad1, dilation1)
+    OW = conv_size(nb[0], na[0], stride0, pad0, dilation0)
+    OH = conv_size(nb[1], na[1], stride1, pad1, dilation1)
     if OW <= 0 or OH <= 0:
         fail("conv_2d_dw_direct", f"b too small compared to a (OW={OW}, OH={OH})", a=a, b=b)
     cols = _patches(b.reshape(nb[::-1]).astype(np.float64), (na[1], na[0]), (stride1, stride0), (pad1, pad0),
@@ -523,8 +523,8 @@ def conv_3d_direct(a: np.ndarray, b: np.ndarray, s0: int, s1: int, s2: int, p0: 
     if na[3] != c * oc or nb[3] != c * n:
         fail("conv_3d_direct", f"need kernel ne3 == oc*c ({oc}*{c}) and data ne3 == n*c ({n}*{c})", a=a, b=b)
     _positive("conv_3d_direct", s0=s0, s1=s1, s2=s2)
-    OW, OH, OD = (_conv_size(nb[0], na[0], s0, p0, d0), _conv_size(nb[1], na[1], s1, p1, d1),
-                  _conv_size(nb[2], na[2], s2, p2, d2))
+    OW, OH, OD = (conv_size(nb[0], na[0], s0, p0, d0), conv_size(nb[1], na[1], s1, p1, d1),
+                  conv_size(nb[2], na[2], s2, p2, d2))
     if min(OW, OH, OD) <= 0:
         fail("conv_3d_direct", f"b too small compared to a (OW={OW}, OH={OH}, OD={OD})", a=a, b=b)
     x = _as_kernel_type(b.reshape(n, c, nb[2], nb[1], nb[0]), a)
@@ -629,7 +629,7 @@ def pool_1d(a: np.ndarray, op: int, k0: int, s0: int, p0: int) -> np.ndarray:  #
     _need("pool_1d", "a", a, [np.float32, np.float16], a=a)
     _positive("pool_1d", s0=s0)
     IW = a.shape[-1] if a.ndim else 1
-    OW = _pool_size(IW, k0, s0, p0)
+    OW = pool_size(IW, k0, s0, p0)
     if OW <= 0:
         fail("pool_1d", f"output width {OW} <= 0", a=a)
     x = a.astype(np.float32)
@@ -666,7 +666,7 @@ def pool_2d(a: np.ndarray, op: int, k0: int, k1: int, s0: int, s1: int, p0: floa
     _need("pool_2d", "a", a, [np.float32, np.float16], a=a)
     _positive("pool_2d", s0=s0, s1=s1)
     n = ne4(a.shape)
-    OW, OH = _pool_size(n[0], k0, s0, p0), _pool_size(n[1], k1, s1, p1)
+    OW, OH = pool_size(n[0], k0, s0, p0), pool_size(n[1], k1, s1, p1)
     if OW <= 0 or OH <= 0:
         fail("pool_2d", f"output size OW={OW}, OH={OH} must be positive", a=a)
     x = a.astype(np.float32).reshape(n[::-1])

@@ -10,7 +10,7 @@ Two choices make that exact mode differ from ggml-cpu's bits, and only by an ulp
 * SILU and SWIGLU use the true exp; ggml-cpu's AVX2 kernels use a SIMD polynomial exp on 8-lane chunks.
 
 Where GCC fuses `a*b + c` in ggml-cpu's compiled code (scale with bias, arange, xielu, silu_back, the GELU
-table) refimpl does the same with `_fma` (one rounding). GELU and GELU_QUICK are *defined* on the CPU by
+table) refimpl does the same with `fma32` (one rounding). GELU and GELU_QUICK are *defined* on the CPU by
 65536-entry f16 tables; refimpl builds the same tables (`gelu_table`, `gelu_quick_table`).
 """
 from __future__ import annotations
@@ -21,10 +21,11 @@ import math
 import numpy as np
 
 from ..qtensor import QTensor, dequantize, quantize
-from ..quants._common import f16_bits, f16_to_f32
+from ..rounding import f16_bits, f16_to_f32
 from ..quants.floats import f32_to_bf16_bits
 from ..types import GGMLType
 from ..dispatch import op
+from ..rounding import fma32
 from ..shapes import fail, ne4, nonempty, tile_to
 
 f32 = np.float32
@@ -135,22 +136,6 @@ def _expf(x):
 
 def _erff(x):
     return _libm(lambda v: _erf64(v).astype(np.float64), x)
-
-
-def _fma(a, b, c) -> np.ndarray:
-    """f32 a*b + c with a single rounding (what GCC's contracted FMA computes): the product is exact in f64,
-    the f64 sum is rounded to odd (sticky last bit), so the final rounding to f32 is the correct one."""
-    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
-    with np.errstate(all="ignore"):
-        p = a * b
-        s = p + c
-        t = s - p
-        e = (p - (s - t)) + (c - t)                     # s + e == p + c exactly (two-sum)
-        bits = np.atleast_1d(s).view(np.int64).copy()
-        inexact = np.atleast_1d((e != 0) & np.isfinite(s)) & ((bits & 1) == 0)
-        toward = np.where(np.atleast_1d((e > 0) == (s > 0)), 1, -1)
-        bits = np.where(inexact, bits + toward, bits)
-        return bits.view(np.float64).reshape(np.shape(s)).astype(np.float32)
 
 
 # -- binary ops: tiling broadcast --------------------------------------------------------------------
@@ -529,14 +514,14 @@ def gelu_erf(a):
     return map_unary("gelu_erf", a, _gelu_erf, ("f32", "f16"))
 
 
-_SQRT_2_INV = f32(0.70710678118654752440084436210484)
+SQRT_2_INV = f32(0.70710678118654752440084436210484)
 _SQRT_2_OVER_PI = f32(0.79788456080286535587989211986876)
 _GELU_COEF_A = f32(0.044715)
 _GELU_QUICK_COEF = f32(-1.702)
 
 
 def _gelu_erf(x):
-    return f32(0.5) * x * (f32(1) + _erff(x * _SQRT_2_INV))
+    return f32(0.5) * x * (f32(1) + _erff(x * SQRT_2_INV))
 
 
 @functools.lru_cache(maxsize=None)
@@ -549,7 +534,7 @@ def gelu_table() -> np.ndarray:
     """
     x = f16_to_f32(np.arange(65536, dtype=np.uint16).view(np.float16))
     with np.errstate(all="ignore"):
-        inner = _SQRT_2_OVER_PI * x * _fma(_GELU_COEF_A * x, x, f32(1))
+        inner = _SQRT_2_OVER_PI * x * fma32(_GELU_COEF_A * x, x, f32(1))
         y = f32(0.5) * x * (f32(1) + _libm(np.tanh, inner))
     return f16_bits(y).view(np.float16)
 
@@ -630,8 +615,8 @@ def xielu(a, alpha_n: float, alpha_p: float, beta: float, eps: float):
         an = f32(beta) + _softplus(np.float32(alpha_n).reshape(1))[0]
         ap = _softplus(np.float32(alpha_p).reshape(1))[0]
         bx = f32(beta) * x
-        pos = _fma(ap * x, x, bx)
-        neg_ = _fma(_libm(np.expm1, np.fmin(x, f32(eps))) - x, an, bx)
+        pos = fma32(ap * x, x, bx)
+        neg_ = fma32(_libm(np.expm1, np.fmin(x, f32(eps))) - x, an, bx)
         return _store(np.where(x > 0, pos, neg_), t)
 
 
@@ -671,7 +656,7 @@ def silu_back(a, b):
         fail("silu_back", "a and b must have the same shape and type", a=a, b=b)
     with np.errstate(all="ignore"):
         s = f32(1) / (f32(1) + _expf(-x))
-        return _store(dy * s * _fma(x, f32(1) - s, f32(1)), t)
+        return _store(dy * s * fma32(x, f32(1) - s, f32(1)), t)
 
 
 # -- GLU: act(x) * g, x and g the two halves of a row (or a and b) -----------------------------------------
@@ -789,7 +774,7 @@ def scale(a, s: float, b: float = 0.0):
     x, t = _load("scale", a, ("f32", "bf16"))
     _check_layout("scale", "contiguous", a=a)
     with np.errstate(all="ignore"):
-        y = x * f32(s) if f32(b) == 0 else _fma(x, f32(s), f32(b))
+        y = x * f32(s) if f32(b) == 0 else fma32(x, f32(s), f32(b))
     return y if t == "f32" else _store(y, t)
 
 
@@ -864,4 +849,4 @@ def arange(start: float, stop: float, step: float):
         fail("arange", f"stop must be > start (start={start}, stop={stop})")
     with np.errstate(all="ignore"):
         n = int(np.ceil((stop - start) / step))
-    return _fma(step, np.arange(n, dtype=np.float64).astype(np.float32), start)
+    return fma32(step, np.arange(n, dtype=np.float64).astype(np.float32), start)

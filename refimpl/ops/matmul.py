@@ -51,7 +51,7 @@ def _tname(t: GGMLType) -> str:
     return type_traits[t].name
 
 
-def _rows_packed(x) -> bool:
+def rows_packed(x) -> bool:
     """ggml's nb[0] == type_size: elements of a row adjacent (always true of a QTensor)."""
     if isinstance(x, QTensor):
         return True
@@ -59,7 +59,7 @@ def _rows_packed(x) -> bool:
     return x.ndim == 0 or x.shape[-1] <= 1 or x.strides[-1] == x.itemsize
 
 
-def _transposed(x) -> bool:
+def is_transposed(x) -> bool:
     """ggml_is_transposed: nb[0] > nb[1]."""
     if isinstance(x, QTensor) or np.ndim(x) < 2:
         return False
@@ -86,18 +86,18 @@ def _check_b(name: str, a, b, ta: GGMLType) -> None:
     if tb != GGMLType.F32 and tb != VEC_DOT_TYPE[ta]:
         fail(name, f"src1 must be f32 or the weight's vec_dot_type {_tname(VEC_DOT_TYPE[ta])}, got {_tname(tb)}",
              a=a, b=b)
-    if not _rows_packed(b):
+    if not rows_packed(b):
         fail(name, "src1 rows must be contiguous (nb10 == type size); use np.ascontiguousarray", a=a, b=b)
 
 
-def _check_weights(name: str, a) -> GGMLType:
+def check_weights(name: str, a) -> GGMLType:
     try:
         ta = ggml_type(a)
     except TypeError:
         ta = None
     if ta not in VEC_DOT_TYPE:
         fail(name, f"src0 type {np.asarray(a).dtype if ta is None else _tname(ta)} has no CPU vec_dot", a=a)
-    if _transposed(a) or not _rows_packed(a):
+    if is_transposed(a) or not rows_packed(a):
         fail(name, "src0 must not be transposed or permuted within rows (nb00 == type size)", a=a)
     return ta
 
@@ -105,7 +105,7 @@ def _check_weights(name: str, a) -> GGMLType:
 def _check_mul_mat(a, b) -> None:
     if not isinstance(b, QTensor):
         b = np.asarray(b)
-    ta = _check_weights("mul_mat", a)
+    ta = check_weights("mul_mat", a)
     na, nb = ne4(a.shape), ne4(b.shape)
     if na[0] != nb[0] or 0 in na[2:] or nb[2] % na[2] or nb[3] % na[3]:
         fail("mul_mat", "need a.ne0 == b.ne0 and b.ne2, b.ne3 multiples of a's", a=a, b=b)
@@ -161,7 +161,7 @@ def _check_mul_mat_id(as_, b, ids) -> None:
     if not isinstance(b, QTensor):
         b = np.asarray(b)
     ids = np.asarray(ids)
-    ta = _check_weights("mul_mat_id", as_)
+    ta = check_weights("mul_mat_id", as_)
     na, nb, ni = ne4(as_.shape), ne4(b.shape), ne4(ids.shape)
     if ids.dtype != np.int32:
         fail("mul_mat_id", f"ids must be i32, got {ids.dtype}", as_=as_, b=b, ids=ids)
@@ -239,7 +239,7 @@ def out_prod(a, b: np.ndarray) -> np.ndarray:
              f"{_tname(ta) if ta is not None else a.dtype}", a=a, b=b)
     if b.dtype != np.float32:
         fail("out_prod", f"src1 must be f32, got {b.dtype}", a=a, b=b)
-    if _transposed(a) or not _rows_packed(a):
+    if is_transposed(a) or not rows_packed(a):
         fail("out_prod", "src0 must not be transposed or permuted within rows (nb00 == type size)", a=a, b=b)
     na, nb = ne4(a.shape), ne4(b.shape)
     if na[1] != nb[1] or 0 in na[2:] or nb[2] % na[2] or nb[3] % na[3]:

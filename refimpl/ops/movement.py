@@ -96,7 +96,7 @@ def _trim(x4: np.ndarray, nd: int):
     return x4
 
 
-def _shape_of(name: str, b) -> tuple:
+def shape_of(name: str, b) -> tuple:
     if isinstance(b, (QTensor, np.ndarray)):
         return tuple(b.shape)
     try:
@@ -129,7 +129,7 @@ def _from_f32(x: np.ndarray, t: GGMLType):
 # -- gathers and scatters --------------------------------------------------------------------------------
 
 # get_rows sources ggml-cpu handles: f32/i32/f16/bf16 and every block type with a to_float
-_GET_ROWS_BAD = frozenset({GGMLType.I8, GGMLType.I16, GGMLType.I64, GGMLType.F64}) | _NO_TO_FLOAT
+GET_ROWS_BAD = frozenset({GGMLType.I8, GGMLType.I16, GGMLType.I64, GGMLType.F64}) | _NO_TO_FLOAT
 
 
 @op("get_rows")
@@ -148,7 +148,7 @@ def get_rows(a, rows: np.ndarray) -> np.ndarray:
     a = _arr(a)
     rows = np.asarray(rows)
     t = _type("get_rows", a)
-    if t in _GET_ROWS_BAD:
+    if t in GET_ROWS_BAD:
         fail("get_rows", f"ggml-cpu get_rows does not read {_tname(t)} sources", a=a, rows=rows)
     if rows.dtype != np.int32:
         fail("get_rows", f"indices must be i32, got {rows.dtype}", a=a, rows=rows)
@@ -196,7 +196,7 @@ def get_rows_back(a: np.ndarray, b: np.ndarray, c) -> np.ndarray:
     requires 0 <= b < R and a.ne1 == b.ne0 (ggml reads a's first b.ne0 rows).
     """
     a, b = np.asarray(a), np.asarray(b)
-    cs = _shape_of("get_rows_back", c)
+    cs = shape_of("get_rows_back", c)
     na, nb, nc = ne4(a.shape), ne4(b.shape), ne4(cs)
     if na[2] != 1 or na[3] != 1 or nb[1:] != [1, 1, 1] or nc[2] != 1 or nc[3] != 1 or na[0] != nc[0]:
         fail("get_rows_back", "need a matrix a [E, n], a vector b [n] and a matrix c [E, R]",
@@ -410,7 +410,7 @@ def cont(a, shape=None):
     E.g. llama's cont of permute(kq, 0, 2, 1, 3): a (n_head, n_tokens, head_dim) view -> contiguous.
     """
     a = _arr(a)
-    sh = tuple(a.shape) if shape is None else _shape_of("cont", shape)
+    sh = tuple(a.shape) if shape is None else shape_of("cont", shape)
     return _convert("cont", a, _type("cont", a), sh)
 
 
@@ -425,7 +425,7 @@ def reshape(a, shape):
     out    a view of a (a QTensor view for block types; the new ne0 must be whole blocks)
     """
     a = _arr(a)
-    sh = _shape_of("reshape", shape)
+    sh = shape_of("reshape", shape)
     n = a.size
     if not _is_contiguous(a):
         fail("reshape", "a must be contiguous (ggml_reshape asserts it); use cont(a, shape)", a=a)
@@ -552,7 +552,7 @@ def repeat(a, b):
     """
     a = _arr(a)
     t = _type("repeat", a)
-    sh = _shape_of("repeat", b)
+    sh = shape_of("repeat", b)
     na, nb = ne4(a.shape), ne4(sh)
     if t not in _REPEAT_TYPES:
         fail("repeat", f"ggml-cpu repeat handles f32/i32/f16/bf16/i16, not {_tname(t)}", a=a)
@@ -579,7 +579,7 @@ def repeat_back(a: np.ndarray, b) -> np.ndarray:
     bit-exact (np.sum would add pairwise).
     """
     a = np.asarray(a)
-    sh = _shape_of("repeat_back", b)
+    sh = shape_of("repeat_back", b)
     na, nb = ne4(a.shape), ne4(sh)
     if a.dtype != np.float32:
         fail("repeat_back", f"ggml-cpu repeat_back handles f32 only, got {a.dtype}", a=a)

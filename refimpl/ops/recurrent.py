@@ -5,7 +5,7 @@ All are F32-only in ggml. The recurrences walk the tokens in order and carry the
 CPU kernels do (the state lives in the output tensor between tokens). Within a token, each f32 quantity
 ggml stores (an output, a state element) is computed from the f32 operands with the kernel's f32
 operations: a multiply-add the kernel's source fuses (the vector FMAs of wkv6, gla, wkv7, gated_delta_net)
-is rounded once, as there (`_fma`); sums the kernel runs sequentially are summed in f32 in its order;
+is rounded once, as there (`fma32`); sums the kernel runs sequentially are summed in f32 in its order;
 sums it runs in SIMD lanes are summed in f64 and rounded once (the order of the lanes belongs to
 numerics="ggml", not implemented here). Bits can also differ where GCC contracts a scalar `a*b + c` into
 an FMA on its own. Each op's docstring says which applies; the tolerance table gives the measured NMSE
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import op
+from ..rounding import fma32
 from ..shapes import fail, ne4
 
 
@@ -66,18 +67,18 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out.transpose(0, 2, 1))
 
 
-def _expf(x) -> np.ndarray:
+def expf_f32(x) -> np.ndarray:
     """C's expf: exp of f32 values, evaluated in f64 and rounded once (glibc's expf is correctly rounded
     but for rare 1-ulp cases; NumPy's float32 exp is a different approximation)."""
     with np.errstate(over="ignore"):
         return np.exp(np.asarray(x, np.float64)).astype(np.float32)
 
 
-def _softplus(x: np.ndarray) -> np.ndarray:
+def softplus_f32(x: np.ndarray) -> np.ndarray:
     """ggml_compute_softplus_f32: x > 20 ? x : logf(1 + expf(x)), every step rounded to f32 as in C
     (so 1 + expf(x) is exactly 1, and the result 0, for x below about -17)."""
     x = np.asarray(x, np.float32)
-    s = np.float32(1.0) + _expf(np.minimum(x, np.float32(20.0)))
+    s = np.float32(1.0) + expf_f32(np.minimum(x, np.float32(20.0)))
     return np.where(x > np.float32(20.0), x, np.log(s.astype(np.float64)).astype(np.float32))
 
 
@@ -143,8 +144,8 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
     for q in range(n_seqs):
         h = s4[ids.reshape(-1)[q]].astype(np.float32, copy=True)        # (n_head, head_dim, d_state)
         for t in range(n_tok):
-            d = _softplus(d3[q, t])[:, None, None]                      # (n_head, 1, 1)
-            dA = _expf(d * A2[:, None, :])                              # (n_head, 1, 1 or d_state)
+            d = softplus_f32(d3[q, t])[:, None, None]                      # (n_head, 1, 1)
+            dA = expf_f32(d * A2[:, None, :])                              # (n_head, 1, 1 or d_state)
             x_dt = x4[q, t][:, :, None] * d                             # (n_head, head_dim, 1)
             h = h * dA + B4[q, t][:, None, :] * x_dt
             Ct = C4[q, t][:, None, :]                                   # (n_head, 1, d_state)
@@ -157,21 +158,6 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
                 y[q, t] = np.sum(h.astype(np.float64) * Ct, axis=-1).astype(np.float32)
         states[q] = h
     return np.concatenate([y.reshape(-1), states.reshape(-1)])
-
-
-def _fma(a, b, c) -> np.ndarray:
-    """a*b + c rounded once to f32 (what the kernels' vector FMA computes): the f64 product of two f32 is
-    exact; the f64 sum is made round-to-odd with its two-sum error, so rounding it to f32 is correct."""
-    a, b, c = (np.asarray(v, np.float64) for v in (a, b, c))
-    p = a * b
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = p + c
-        t = s - p
-        e = (p - (s - t)) + (c - t)
-        odd = (e != 0) & (s.view(np.int64) & 1 == 0) & np.isfinite(s)
-    if odd.any():
-        s = np.where(odd, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
-    return s.astype(np.float32)
 
 
 def _tokens(name: str, ref: str, state: np.ndarray, **tensors) -> tuple[int, int, int, int]:
@@ -231,12 +217,12 @@ def rwkv_wkv6(k: np.ndarray, v: np.ndarray, r: np.ndarray, tf: np.ndarray, td: n
         if t % tps == 0:
             s = s_in[t // tps]
         kv = k3[t][:, :, None] * v3[t][:, None, :]                  # (H, S_i, S_j), f32 products
-        temp = _fma(kv, u, s)
+        temp = fma32(kv, u, s)
         acc = np.zeros((H, S), np.float32)
         for i in range(S):                                          # the kernel's order: i outer
-            acc = _fma(temp[:, i, :], r3[t][:, i:i + 1], acc)
+            acc = fma32(temp[:, i, :], r3[t][:, i:i + 1], acc)
         y[t] = acc
-        s = _fma(s, w3[t][:, :, None], kv)
+        s = fma32(s, w3[t][:, :, None], kv)
         if t % tps == tps - 1:
             states[t // tps] = s
     return _pack(y, states, S, H)
@@ -271,10 +257,10 @@ def gated_linear_attn(k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray
         if t % tps == 0:
             s = s_in[t // tps]
         kv = k3[t][:, :, None] * v3[t][:, None, :]
-        s = _fma(s, g3[t][:, :, None], kv)
+        s = fma32(s, g3[t][:, :, None], kv)
         acc = np.zeros((H, S), np.float32)
         for i in range(S):
-            acc = _fma(s[:, i, :], q3[t][:, i:i + 1], acc)
+            acc = fma32(s[:, i, :], q3[t][:, i:i + 1], acc)
         y[t] = acc
         if t % tps == tps - 1:
             states[t // tps] = s
@@ -322,7 +308,7 @@ def rwkv_wkv7(r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.
             s = s_in[t // tps]
         sa = np.einsum("hij,hj->hi", s.astype(np.float64), a3[t]).astype(np.float32)     # (H, S_i)
         kv = v3[t][:, :, None] * k3[t][:, None, :]                                       # (H, S_i, S_j)
-        s = _fma(sa[:, :, None], b3[t][:, None, :], _fma(s, w3[t][:, None, :], kv))
+        s = fma32(sa[:, :, None], b3[t][:, None, :], fma32(s, w3[t][:, None, :], kv))
         y[t] = np.einsum("hij,hj->hi", s.astype(np.float64), r3[t]).astype(np.float32)
         if t % tps == tps - 1:
             states[t // tps] = s
@@ -395,11 +381,11 @@ def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, 
     if n_tok == 0 and K == 1:                                        # ggml's K == 1 path copies s0 out first
         snaps[0] = M
     for t in range(n_tok):
-        M = M * _expf(g4[:, t])[:, :, None, :]                       # scalar gate, or column i by exp(g[i])
+        M = M * expf_f32(g4[:, t])[:, :, None, :]                       # scalar gate, or column i by exp(g[i])
         kt, qt = k4[:, t], q4[:, t]
         mk = np.einsum("bhji,bhi->bhj", M.astype(np.float64), kt).astype(np.float32)
         delta = (v4[:, t] - mk) * b4[:, t]                           # (n_seqs, H, S_j)
-        M = _fma(kt[:, :, None, :], delta[:, :, :, None], M)
+        M = fma32(kt[:, :, None, :], delta[:, :, :, None], M)
         mq = np.einsum("bhji,bhi->bhj", M.astype(np.float64), qt).astype(np.float32)
         attn[:, t] = mq * scale
         if n_tok - 1 - t < K:

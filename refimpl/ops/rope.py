@@ -19,7 +19,7 @@ MODES = (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX, ROPE_TYPE_MROPE, ROPE_TYPE_VISION, RO
 F32 = np.float32
 
 
-def _libm(fn, x):
+def libm_f32(fn, x):
     """A single-precision libm function (logf, cosf, sinf, powf ...) as a correctly rounded one: the f64
     function of the f32 argument, rounded once to f32."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -35,7 +35,7 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: fl
     """
     def corr(n_rot):
         arg = F32(n_ctx_orig) / (F32(n_rot) * F32(2) * F32(np.pi))
-        return F32(n_dims) * _libm(np.log, arg) / (F32(2) * _libm(np.log, F32(freq_base)))
+        return F32(n_dims) * libm_f32(np.log, arg) / (F32(2) * libm_f32(np.log, F32(freq_base)))
     with np.errstate(divide="ignore", invalid="ignore"):
         start, end = np.floor(corr(beta_fast)), np.ceil(corr(beta_slow))
     lo = F32(0) if F32(0) > start else start             # C's MAX / MIN macros, NaN included
@@ -65,12 +65,12 @@ def rope_cache(pos, freq_factors, n_dims: int, ne0: int, sections=(0, 0, 0, 0), 
     mrope = bool(mode & ROPE_TYPE_MROPE)
     T = pos.shape[0] // 4 if mrope else pos.shape[0]
     half = ne0 // 2
-    theta_scale = F32(_libm(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
+    theta_scale = F32(libm_f32(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
     lo, hi = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     fs, ext = F32(freq_scale), F32(ext_factor)
     mscale = F32(attn_factor)
     if ext != 0:
-        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(_libm(np.log, F32(1.0) / fs))
+        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(libm_f32(np.log, F32(1.0) / fs))
         mscale = F32(mscale * F32(inner))
     if mrope:
         bases = [pos[k * T:(k + 1) * T].astype(F32) for k in range(4)]
@@ -129,8 +129,8 @@ def rope_cache(pos, freq_factors, n_dims: int, ne0: int, sections=(0, 0, 0, 0), 
             mix = F32(ramp * ext)
             # ggml's compiled form: fma(t_i, 1 - mix, fl(t_e * mix)) -- one ulp of theta is 2.4e-4 rad at 4k
             th = (t_i.astype(np.float64) * np.float64(F32(1) - mix) + (t_e * mix).astype(np.float64)).astype(F32)
-        cos[:, i] = _libm(np.cos, th) * mscale
-        sin[:, i] = _libm(np.sin, th) * mscale * F32(sin_sign)
+        cos[:, i] = libm_f32(np.cos, th) * mscale
+        sin[:, i] = libm_f32(np.sin, th) * mscale * F32(sin_sign)
         thetas = [t * theta_scale for t in thetas]
     return cos, sin
 

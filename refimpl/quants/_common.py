@@ -22,6 +22,8 @@ import functools
 
 import numpy as np
 
+from ..rounding import f16_bits, f16_to_f32  # noqa: F401  (core; the formats use them)
+
 f32 = np.float32
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 CHUNK = 1 << 17          # elements per step of a dequantizer or a `blockwise` quantizer (512 KiB of f32)
@@ -63,15 +65,6 @@ def u8(blocks: np.ndarray, start: int, stop: int) -> np.ndarray:
     return blocks[:, start:stop]
 
 
-def f16_to_f32(h: np.ndarray) -> np.ndarray:
-    """ggml's f16 -> f32 (`GGML_FP16_TO_FP32`): exact, except that a signalling NaN comes out quiet."""
-    out = np.asarray(h, "<f2").astype(np.float32)
-    nan = np.isnan(out)
-    if nan.any():
-        out = np.where(nan, (out.view(np.uint32) | np.uint32(0x00400000)).view(np.float32), out)
-    return out
-
-
 def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
     """The little-endian f16 at byte `offset` of every block, as f32 (`f16_to_f32`), shape (n, 1)."""
     return f16_to_f32(blocks[:, offset:offset + 2].view("<f2"))
@@ -84,18 +77,6 @@ def u16_fields(blocks: np.ndarray, start: int, count: int) -> np.ndarray:
 
 def u32_fields(blocks: np.ndarray, start: int, count: int) -> np.ndarray:
     return blocks[:, start:start + 4 * count].view("<u4")
-
-
-def f16_bits(v) -> np.ndarray:
-    """ggml's f32 -> f16 (`GGML_FP32_TO_FP16`): round to nearest even, overflow to inf, and every NaN
-    to the quiet NaN 0x7E00 carrying the input's sign. Returns '<u2'."""
-    v = np.asarray(v, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        bits = v.astype("<f2").view("<u2")
-    nan = np.isnan(v)
-    if nan.any():
-        bits = np.where(nan, (np.signbit(v).astype(np.uint16) << 15) | 0x7E00, bits).astype("<u2")
-    return bits
 
 
 def f16_bytes(v) -> np.ndarray:

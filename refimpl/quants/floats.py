@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import GGMLType
-from . import dequantizer, quantizer
+from .registry import dequantizer, quantizer
 from ._common import blockwise, f16_bits, output
 
 

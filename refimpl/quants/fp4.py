@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import GGMLType
-from . import dequantizer, quantizer
+from .registry import dequantizer, quantizer
 from ._common import blockwise, c_uint8, cvtt_i32, div, output, pack_nibbles_into, pairwise
 
 f32 = np.float32
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
-_KV = KVALUES_MXFP4.astype(np.float32)
+KV = KVALUES_MXFP4.astype(np.float32)
 
 
 def e8m0_half(e: np.ndarray) -> np.ndarray:
@@ -53,7 +53,7 @@ def ue4m3_encode(v: np.ndarray) -> np.ndarray:
     return np.where(pos, out, 0).astype(np.uint8)
 
 
-_MAGNITUDES = _KV[:8]                   # 0 1 2 3 4 6 8 12; T[8 + i] = -T[i] (T[8] = 0)
+MAGNITUDES = KV[:8]                   # 0 1 2 3 4 6 8 12; T[8 + i] = -T[i] (T[8] = 0)
 
 
 def _best_index(x: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -70,7 +70,7 @@ def _best_index(x: np.ndarray, d: np.ndarray) -> np.ndarray:
     err = np.empty_like(ax)
     with np.errstate(invalid="ignore", over="ignore"):
         for i in range(1, 8):
-            np.subtract(_MAGNITUDES[i] * d, ax, out=err)
+            np.subtract(MAGNITUDES[i] * d, ax, out=err)
             np.abs(err, out=err)
             # the index kept is the last i that improved, and i grows: a running max of i * better
             np.maximum(idx, (err < best).view(np.uint8) * np.uint8(i), out=idx)
@@ -89,7 +89,7 @@ def _nibble_values(out, qs, half: int):
     nib = np.empty(out.shape, np.uint8)
     np.bitwise_and(qs, 0x0F, out=nib[:, :half])
     np.right_shift(qs, 4, out=nib[:, half:])
-    np.take(_KV, nib, out=out, mode="clip")             # nib < 16: `clip` only skips the bounds check
+    np.take(KV, nib, out=out, mode="clip")             # nib < 16: `clip` only skips the bounds check
 
 
 @dequantizer(GGMLType.MXFP4)

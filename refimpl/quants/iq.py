@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 from ..types import GGMLType
-from . import dequantizer, quantizer
+from .registry import dequantizer, quantizer
 from ._common import blockwise, f16_bytes, f16_field, output, seq_sum, signed_absmax, u16_fields, u32_fields
 from ._common import nearest_int as _nearest_int
 from .iq_tables import TABLES
@@ -187,7 +187,7 @@ def dequantize_iq3_s(blocks, out=None):
 
 # iq1s_grid + delta for both deltas: rows 0..2047 hold grid + 0.125, rows 2048.. grid - 0.125 (exact)
 @functools.lru_cache(maxsize=None)
-def _iq1_table() -> np.ndarray:
+def iq1_table() -> np.ndarray:
     g = TABLES["iq1s"].astype(f32)
     return np.concatenate([g + f32(0.125), g - f32(0.125)])
 
@@ -207,7 +207,7 @@ def dequantize_iq1_s(blocks, out=None):
     idx = blocks[:, 2:34].reshape(n, 8, 4).astype(np.int32) | (((qh[:, :, None] >> (3 * _L)) & 7) << 8)
     idx |= (qh[:, :, None] >> 15) << 11                                    # the delta's sign: table half
     v = out.reshape(n, 8, 4, 8)
-    np.take(_iq1_table(), idx, axis=0, out=v, mode="clip")
+    np.take(iq1_table(), idx, axis=0, out=v, mode="clip")
     v *= (f16_field(blocks, 0) * (2 * ((qh >> 12) & 7) + 1).astype(f32))[:, :, None, None]
     return out
 
@@ -240,7 +240,7 @@ def dequantize_iq1_m(blocks, out=None):
     idx = qs | ((qh << np.array([8, 4, 8, 4])) & 0x700)
     idx |= ((qh & np.array([0x08, 0x80, 0x08, 0x80])) != 0) << 11      # the delta's sign: table half
     v = out.reshape(n, 8, 4, 8)
-    np.take(_iq1_table(), idx, axis=0, out=v, mode="clip")
+    np.take(iq1_table(), idx, axis=0, out=v, mode="clip")
     v *= dl[..., None]
     return out
 
@@ -300,14 +300,14 @@ def dequantize_iq4_xs(blocks, out=None):
 _EPS = f32(1e-15)
 
 
-def _kf() -> np.ndarray:
+def kf() -> np.ndarray:
     return TABLES["kvalues_iq4nl"].astype(f32)
 
 
 @functools.lru_cache(maxsize=None)
-def _best_index_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def best_index_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For every integer c in -128..127 (index c + 128): mu = clip(#{i: K[i] <= c}, 1, 15), K[mu-1], K[mu]."""
-    k = _kf()
+    k = kf()
     mu = np.clip(np.searchsorted(k, np.arange(-128, 128, dtype=f32), side="right"), 1, 15).astype(np.uint8)
     return mu, k[mu - 1], k[mu]
 
@@ -324,7 +324,7 @@ def best_index(x: np.ndarray) -> np.ndarray:
     ggml's, and it also yields the two early returns (x <= K[0]: x - K[0] <= 0 < K[1] - x; x >= K[15]:
     x - K[14] > 0 >= K[15] - x).
     """
-    mu_t, lo_t, hi_t = _best_index_tables()
+    mu_t, lo_t, hi_t = best_index_tables()
     x = np.asarray(x, f32)
     c = np.floor(x)
     np.fmin(c, f32(127), out=c)
@@ -348,7 +348,7 @@ def _argmax_abs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _nearest_level(x: np.ndarray) -> np.ndarray:
     """K[best_index(x)] as f32, from the same tables and comparison as `best_index`."""
-    _, lo_t, hi_t = _best_index_tables()
+    _, lo_t, hi_t = best_index_tables()
     c = np.floor(x)
     np.fmin(c, f32(127), out=c)
     np.fmax(c, f32(-128), out=c)
@@ -372,7 +372,7 @@ def _iq4_scales(x: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray, np.nd
 
     The elementwise work is laid out transposed, (32, m), so that each of ggml's sequential sums
     adds contiguous slabs; the tries run one after the other, as in C."""
-    k = _kf()
+    k = kf()
     x = np.asarray(x, f32)
     xt = np.ascontiguousarray(x.T)
     with np.errstate(all="ignore"):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..types import GGMLType
-from . import quantizer
+from .registry import quantizer
 from ._common import f16_bytes
 from .iq_tables import TABLES
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import GGMLType
-from . import dequantizer, quantizer
+from .registry import dequantizer, quantizer
 from ._common import (LOW_NIBBLES, blockwise, f16_bytes, f16_field, f32, output, seq_sum, signed_absmax,
                       unpack_fields)
 from ._common import nearest_int as _nearest_int

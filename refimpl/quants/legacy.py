@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import GGMLType
-from . import dequantizer, quantizer
+from .registry import dequantizer, quantizer
 from ._common import (add_half_away, blockwise, c_int8, c_uint8, cvt_i32_rne, div, f16_field, first_min_max,
                       max_abs, output, pack_nibbles_into, pairwise, put_f16, seq_sum, signed_absmax)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import GGMLType
-from . import dequantizer, quantizer
+from .registry import dequantizer, quantizer
 from ._common import (add_half_away, blockwise, c_int8, div, f16_field, max_abs, output, pack_fields, put_f16,
                       unpack_fields)
 

@@ -3,8 +3,7 @@
     from refimpl.testing import block_rows, qtensors, assert_bits_equal, assert_nmse, TOLERANCES
     from refimpl.testing import ggml          # real ggml through ggml-python (optional)
 
-`nmse` is the normalised mean squared error exactly as ggml's test-backend-ops computes it:
-Σ(a-b)² / Σb² over all elements, in double precision.
+`nmse` (ggml's test-backend-ops metric) and the tolerance table live in core, refimpl.tolerances.
 """
 from __future__ import annotations
 
@@ -15,14 +14,6 @@ from .strategies import (BLOCK_KINDS, block_bytes, block_rows, f32_tensor, ggml_
 
 __all__ = ["BLOCK_KINDS", "tensors", "block_rows", "block_bytes", "qtensors", "make_block", "ggml_ne", "f32_tensor",
            "op_cases", "named_cases", "OpCase", "nmse", "assert_nmse", "assert_bits_equal", "Tol", "TOLERANCES", "tol"]
-
-
-def nmse(actual, expected) -> float:
-    a = np.asarray(actual, np.float64)
-    b = np.asarray(expected, np.float64)
-    den = np.sum(b * b)
-    num = np.sum((a - b) ** 2)
-    return float(num / den) if den else float(num)
 
 
 def assert_nmse(actual, expected, max_nmse: float, what: str = "") -> None:
@@ -52,7 +43,7 @@ def assert_bits_equal(actual, expected, what: str = "") -> None:
         raise AssertionError(f"{what}: {len(bad)} of {a.size} values differ in their bits\n" + "\n".join(lines))
 
 
-from .tolerances import TOLERANCES, Tol, tol  # noqa: E402
+from ..tolerances import TOLERANCES, Tol, nmse, tol  # noqa: E402,F401
 
 
 def __getattr__(name):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..qtensor import QTensor
-from .tolerances import Tol, tol
+from ..tolerances import Tol, tol
 
 LOG: list[dict] = []
 

@@ -22,7 +22,7 @@ import pytest
 from refimpl import fetch, gguf
 from refimpl.convert import convert
 from refimpl.models import bert
-from refimpl.wordpiece import WordPieceTokenizer
+from refimpl.tokenizers.wordpiece import WordPieceTokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "golden_data"
 MAX_LEN = 256                          # the model's max_seq_length (sentence_bert_config.json)

@@ -10,7 +10,8 @@ from refimpl.ops import abs as ggml_abs, round as ggml_round
 from refimpl.ops import (add, add1, add_id, arange, clamp, div, exp, expm1, fill, gelu, gelu_erf, gelu_quick, geglu,
                          geglu_erf, geglu_quick, hardsigmoid, hardswish, leaky_relu, mul, neg, reglu, relu, scale,
                          sgn, sigmoid, silu, silu_back, softplus, sqr, sub, swiglu, swiglu_oai, tanh, tri)
-from refimpl.ops.elementwise import _fma, gelu_table
+from refimpl.ops.elementwise import gelu_table
+from refimpl.rounding import fma32 as _fma
 from refimpl.testing import tol
 
 f32 = np.float32

@@ -389,7 +389,7 @@ def test_gated_delta_net_shape_errors():
 
 def test_fma_rounds_once():
     """The kernels' FMAs round a*b + c once; a plain f64 evaluation would round twice here."""
-    from refimpl.ops.recurrent import _fma
+    from refimpl.rounding import fma32 as _fma
     a = np.float32(1 + 2.0 ** -23)
     b = np.float32((1 - 2.0 ** -23) * 2.0 ** -24)
     c = np.float32(1 + 2.0 ** -23)                   # a*b + c = 1 + 2^-23 + 2^-24 - 2^-70: just below a midpoint

@@ -278,13 +278,13 @@ def _operands(a, b):
         a = a if isinstance(a, QTensor) else np.asarray(a)
         if not 1 <= len(a.shape) <= 4:
             return None
-        ref_mm._check_weights("mul_mat", a)
+        ref_mm.check_weights("mul_mat", a)
     if _device.is_device(b):
         if np.dtype(b.dtype) != np.float32 or not _contiguous(b) or not 1 <= len(b.shape) <= 4:
             return None
     else:
         b = np.asarray(b)
-        if b.dtype != np.float32 or not 1 <= b.ndim <= 4 or not ref_mm._rows_packed(b):
+        if b.dtype != np.float32 or not 1 <= b.ndim <= 4 or not ref_mm.rows_packed(b):
             return None
     _check_shapes(a, b)
     return (a if _device.is_device(a) else _device.weight(a)), _device.to_device(b)

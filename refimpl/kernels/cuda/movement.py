@@ -252,7 +252,7 @@ def cont(a, shape=None):
     """ggml_cont of a device array: a contiguous copy, optionally reshaped (same element count); bit-exact."""
     if not _device.is_device(a) or not _movable(a):
         return _reference(ref.cont.reference, a, shape)
-    sh = tuple(a.shape) if shape is None else ref._shape_of("cont", shape)
+    sh = tuple(a.shape) if shape is None else ref.shape_of("cont", shape)
     if int(np.prod(sh, dtype=np.int64)) != a.size:
         fail("cont", "a and the destination must have the same number of elements", a=tuple(a.shape), dst=sh)
     if len(sh) > 4:

@@ -108,11 +108,11 @@ def _covered(x, pos, freq_factors, n_dims, mode) -> bool:
 
 def _scalars(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
     """theta_scale, YaRN's corr dims (lo, hi) and mscale, by the reference's own expressions (f32)."""
-    theta_scale = F32(ref_rope._libm(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
+    theta_scale = F32(ref_rope.libm_f32(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
     lo, hi = ref_rope.yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     mscale = F32(attn_factor)
     if F32(ext_factor) != 0:
-        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(ref_rope._libm(np.log, F32(1.0) / F32(freq_scale)))
+        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(ref_rope.libm_f32(np.log, F32(1.0) / F32(freq_scale)))
         mscale = F32(mscale * F32(inner))
     return theta_scale, F32(lo), F32(hi), mscale
 

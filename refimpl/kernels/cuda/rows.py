@@ -166,7 +166,7 @@ def get_rows(a, rows):
     shape = tuple(a.shape)
     idx = _indices(shape, rows)
     if idx is not None and isinstance(a, QTensor) and a.traits.blck_size > 1 \
-            and a.type not in ref_mv._GET_ROWS_BAD:
+            and a.type not in ref_mv.GET_ROWS_BAD:
         return _gather_quantized(a, idx)
     src = None if idx is None else _source(a)
     if src is None:

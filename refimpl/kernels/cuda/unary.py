@@ -31,9 +31,10 @@ import numpy as np
 from numba import config, cuda
 
 from ...ops import elementwise as ref_ew
-from ...dispatch import _host_args, register
+from ...dispatch import host_args, register
+from ...rounding import fma32
 from ...shapes import ne4
-from ...quants._common import f16_to_f32
+from ...rounding import f16_to_f32
 from . import _device
 
 SIM = bool(config.ENABLE_CUDASIM)
@@ -56,7 +57,7 @@ if SIM:
 
     @cuda.jit(device=True)
     def ffma(a, b, c):
-        return np.float32(ref_ew._fma(a, b, c))
+        return np.float32(fma32(a, b, c))
 
     @cuda.jit(device=True)
     def fsqrt(a):
@@ -129,7 +130,7 @@ else:
 
 @cuda.jit(device=True)
 def f16_bits(u):
-    """ggml's f32 -> f16 bits (refimpl.quants._common.f16_bits) of the f32 with bits u, in integer code:
+    """ggml's f32 -> f16 bits (refimpl.rounding.f16_bits) of the f32 with bits u, in integer code:
     round to nearest even, overflow to inf, NaN -> sign | 0x7E00."""
     x = np.int64(u)
     sign = (x >> 16) & 0x8000
@@ -164,8 +165,8 @@ def f16_bits(u):
 def fallback(ref, *args, **kwargs):
     """The NumPy reference on host copies of the arguments, its result uploaded (a QTensor result, bf16 or
     quantized, cannot be a device array and is returned as is)."""
-    args = _host_args(args)
-    kwargs = dict(zip(kwargs, _host_args(tuple(kwargs.values()))))
+    args = host_args(args)
+    kwargs = dict(zip(kwargs, host_args(tuple(kwargs.values()))))
     out = ref(*args, **kwargs)
     return _device.to_device(out) if isinstance(out, np.ndarray) else out
 
@@ -214,7 +215,7 @@ ONE = np.float32(1.0)
 ZERO = np.float32(0.0)
 HALF = np.float32(0.5)
 TEN = np.float32(10.0)
-SQRT_2_INV = ref_ew._SQRT_2_INV
+SQRT_2_INV = ref_ew.SQRT_2_INV
 
 
 @cuda.jit(device=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...qtensor import QTensor, quantize
-from ...quants._common import f16_to_f32
+from ...rounding import f16_to_f32
 from ...quants.fp4 import KVALUES_MXFP4, e8m0_half, ue4m3_half
 from ...quants.iq_tables import TABLES
 from ...types import GGMLType, type_traits

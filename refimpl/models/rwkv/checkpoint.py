@@ -31,7 +31,7 @@ import re
 
 import numpy as np
 
-from . import HParams, RwkvModel
+from .model import HParams, RwkvModel
 
 VARIANTS = ("4", "5.0", "5.1", "5.2", "6.0", "7.0")
 

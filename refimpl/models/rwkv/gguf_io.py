@@ -48,7 +48,7 @@ import numpy as np
 
 from ... import gguf as _gguf
 from ...qtensor import QTensor, dequantize
-from . import HParams, RwkvModel
+from .model import HParams, RwkvModel
 
 ARCHS = {"rwkv6": 6, "rwkv7": 7}
 LN_X_EPS = 64e-5             # llama.cpp's ggml_norm eps of the head-wise group norm (both graphs)
@@ -205,7 +205,7 @@ def load(path, *, tokenizer: bool = True) -> RwkvModel:
     w["head.weight"] = t("output.weight", (V, C))
     tok = None
     if tokenizer and "tokenizer.ggml.tokens" in f.metadata:
-        from ...tokenizer import from_gguf
+        from ...tokenizers import from_gguf
         try:
             tok = from_gguf(f)
         except ImportError:          # a tokenizer module not available in this install: the model runs without

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...ops.conv import (POOL_AVG, POOL_MAX, SCALE_FLAG_ALIGN_CORNERS, SCALE_FLAG_ANTIALIAS,
-                         SCALE_MODE_BICUBIC, SCALE_MODE_BILINEAR, SCALE_MODE_NEAREST, _conv_size, _pool_size)
+                         SCALE_MODE_BICUBIC, SCALE_MODE_BILINEAR, SCALE_MODE_NEAREST, conv_size, pool_size)
 from ...qtensor import quantize
 from ...types import GGMLType
 from . import OpCase, cases, named, ne_str
@@ -40,7 +40,7 @@ def _conv_dim(draw, max_k=4, max_s=3, max_p=2, max_d=3, max_extra=9):
                   draw(st.integers(1, max_d)))
     lo = max(1, d * (k - 1) + 1 - 2 * p - (s - 1))
     n = draw(st.integers(lo, lo + max_extra))
-    assert _conv_size(n, k, s, p, d) > 0
+    assert conv_size(n, k, s, p, d) > 0
     return n, k, s, p, d
 
 
@@ -128,7 +128,7 @@ def _im2col_back(draw):
     IW, KW, s0, p0, d0 = draw(_conv_dim())
     IH, KH, s1, p1, d1 = draw(_conv_dim()) if is_2D else (1, 1, 1, 0, 1)
     IC, N = draw(st.integers(1, 3)), draw(st.integers(1, 2))
-    OW, OH = _conv_size(IW, KW, s0, p0, d0), _conv_size(IH, KH, s1, p1, d1)
+    OW, OH = conv_size(IW, KW, s0, p0, d0), conv_size(IH, KH, s1, p1, d1)
     if is_2D:
         ne = [IW, IH, IC, N]
         g, k = values(draw, (N, OH, OW, IC * KH * KW)), values(draw, (1, IC, KH, KW))
@@ -325,7 +325,7 @@ def _conv_1d_named():
            _conv_1d_case(_u(rng, 2, 3, 5, dtype=F16), _u(rng, 1, 3, 33), 2, 4, 2),
            _conv_1d_case(_u(rng, 1, 1, 1, dtype=F16), _u(rng, 1, 1, 1), 1, 0, 1)]
     N, OC, IC, IL, K = 3, 4, 2, 20, 3
-    OL = _conv_size(IL, K, 1, 1, 1)
+    OL = conv_size(IL, K, 1, 1, 1)
     out.append(_conv_1d_case(_u(rng, OC, IC, K, dtype=F16), _u(rng, N, IC, IL), 1, 1, 1, tag=",layout=ggml",
                              post=lambda g: np.asarray(g).reshape(OC, N, OL).transpose(1, 0, 2)))
     return out
@@ -696,7 +696,7 @@ def _pool_2d_back(draw):
     af = values(draw, (n3, n2, IH, IW))
     if draw(st.booleans()):                  # ties: the first maximum of a window takes the gradient
         af = np.round(af * 2) / 2
-    g = values(draw, (n3, n2, _pool_size(IH, k1, s1, p1), _pool_size(IW, k0, s0, p0)))
+    g = values(draw, (n3, n2, pool_size(IH, k1, s1, p1), pool_size(IW, k0, s0, p0)))
     return _pool2b_case(g, af, draw(st.sampled_from([POOL_MAX, POOL_AVG])), k0, k1, s0, s1, p0, p1)
 
 
@@ -707,7 +707,7 @@ def _pool_2d_back_named():
     for op in (POOL_MAX, POOL_AVG):
         for k0, k1, s0, s1, p0, p1 in ((2, 2, 2, 2, 0, 0), (3, 3, 1, 1, 1, 1), (3, 2, 2, 1, 0, 1)):
             af = _u(rng, 1, 3, 10, 10)
-            g = _u(rng, 1, 3, _pool_size(10, k1, s1, p1), _pool_size(10, k0, s0, p0))
+            g = _u(rng, 1, 3, pool_size(10, k1, s1, p1), pool_size(10, k0, s0, p0))
             out.append(_pool2b_case(g, af, op, k0, k1, s0, s1, p0, p1))
     af = np.zeros((1, 1, 4, 4), np.float32)            # all equal: the window's first element wins
     out.append(_pool2b_case(_u(rng, 1, 1, 3, 3), af, POOL_MAX, 2, 2, 1, 1, 0, 0))

@@ -156,13 +156,13 @@ class RWKVTokenizer:
         self.add_bos = self.add_eos = False
         self.chat_template = chat_template
 
-        from .tokenizer import _EOG_TEXTS, _EOT_TEXTS          # llama.cpp's text-based detection
+        from .base import EOG_TEXTS, EOT_TEXTS          # llama.cpp's text-based detection
         text_to_id = {t: i for i, t in enumerate(self.tokens)}
         if self.eot_id is None:
-            self.eot_id = next((text_to_id[t] for t in _EOT_TEXTS if t in text_to_id), None)
+            self.eot_id = next((text_to_id[t] for t in EOT_TEXTS if t in text_to_id), None)
         if self.eom_id is None:
             self.eom_id = text_to_id.get("<|eom_id|>")
-        eog = {text_to_id[t] for t in _EOG_TEXTS if t in text_to_id}
+        eog = {text_to_id[t] for t in EOG_TEXTS if t in text_to_id}
         eog.update(i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None)
         self.eog_ids = frozenset(eog)
 
@@ -310,7 +310,7 @@ class RWKVTokenizer:
 
     def stream(self, special: bool = True):
         """A decoder for generation: `push(id)` returns only complete UTF-8 characters, `flush()` the rest."""
-        from .tokenizer import StreamDecoder
+        from .base import StreamDecoder
         return StreamDecoder(self, special)
 
     def is_eog(self, token_id: int) -> bool:

@@ -1,6 +1,6 @@
 """WordPiece tokenizer (BERT family) that gives the ids of the model's Hugging Face tokenizer.
 
-    tok = refimpl.wordpiece.from_hf_dir(refimpl.fetch.path("minilm"))    # or from a GGUF:
+    tok = refimpl.tokenizers.wordpiece.from_hf_dir(refimpl.fetch.path("minilm"))    # or from a GGUF:
     tok = refimpl.tokenizer.from_gguf("all-MiniLM-L6-v2.gguf")           # the same ids
     ids = tok.encode("Héllo, world!")      # [101, 7592, 1010, 2088, 999, 102]  ([CLS] hello , world ! [SEP])
     tok.tokenize("unaffable")              # ['una', '##ffa', '##ble']
@@ -663,7 +663,7 @@ class WordPieceTokenizer:
 
     def stream(self, special: bool = True):
         """A decoder for generated ids (`refimpl.tokenizer.StreamDecoder` over `token_to_piece`)."""
-        from .tokenizer import StreamDecoder
+        from .base import StreamDecoder
         return StreamDecoder(self, special)
 
     def is_eog(self, token_id: int) -> bool:

@@ -1,0 +1,163 @@
+"""Hugging Face BERT checkpoints as the models layer reads them: config.json, the safetensors weights (names mapped
+to llama.cpp's GGUF names), sentence-transformers' pooling and max length. refimpl.models.bert loads a checkpoint
+directory with these; refimpl.convert.bert writes a GGUF from the same reading.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+_TOP = {"embeddings.word_embeddings": "token_embd", "embeddings.token_type_embeddings": "token_types",
+        "embeddings.position_embeddings": "position_embd", "embeddings.LayerNorm": "token_embd_norm"}
+_LAYER = {"attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
+          "attention.output.dense": "attn_output", "attention.output.LayerNorm": "attn_output_norm",
+          "intermediate.dense": "ffn_up", "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm"}
+_DROP = re.compile(r"(embeddings\.position_ids|pooler\..*|cls\.predictions\..*|cls\.seq_relationship\..*)")
+
+
+# -- reading a Hugging Face directory ------------------------------------------------------------------
+
+def read_json(path: Path, required: bool = False):
+    if not path.is_file():
+        if required:
+            raise FileNotFoundError(f"{path}: missing")
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_config(src: Path) -> dict:
+    return read_json(Path(src) / "config.json", required=True)
+
+
+def gguf_name(hf_name: str, where="") -> str | None:
+    """llama.cpp's name for a Hugging Face BERT tensor; None for one that is dropped; KeyError otherwise."""
+    n = hf_name[5:] if hf_name.startswith("bert.") else hf_name
+    if n.endswith(".gamma"):
+        n = n[:-6] + ".weight"
+    elif n.endswith(".beta"):
+        n = n[:-5] + ".bias"
+    if _DROP.fullmatch(n):
+        return None
+    base, _, suffix = n.rpartition(".")
+    if suffix in ("weight", "bias"):
+        if base in _TOP:
+            return f"{_TOP[base]}.{suffix}"
+        m = re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)", base)
+        if m and m.group(2) in _LAYER:
+            return f"blk.{int(m.group(1))}.{_LAYER[m.group(2)]}.{suffix}"
+    raise KeyError(f"{where}: tensor {hf_name!r} has no counterpart in llama.cpp's bert architecture "
+                   f"(known: embeddings.*, encoder.layer.N.attention/intermediate/output.*; dropped: pooler, cls.*)")
+
+
+def hf_name(name: str) -> str | None:
+    """The Hugging Face name of llama.cpp tensor `name` (without a `bert.` prefix), or None."""
+    base, _, suffix = name.rpartition(".")
+    for k, v in _TOP.items():
+        if v == base:
+            return f"{k}.{suffix}"
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
+    if m:
+        for k, v in _LAYER.items():
+            if v == m.group(2):
+                return f"encoder.layer.{m.group(1)}.{k}.{suffix}"
+    return None
+
+
+def describe(name: str) -> str:
+    """A tensor named for messages about a Hugging Face directory: "'blk.0.attn_q.weight' (... 'encoder...')"."""
+    h = hf_name(name)
+    return f"{name!r}" + (f" (Hugging Face {h!r})" if h else "")
+
+
+def safetensors_files(src: Path) -> list[Path]:
+    """model.safetensors, or the shards of model.safetensors.index.json in file-name order."""
+    single = src / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = read_json(src / "model.safetensors.index.json")
+    if index is not None:
+        return [src / f for f in sorted(set(index.get("weight_map", {}).values()))]
+    raise FileNotFoundError(f"{src}: no model.safetensors (nor model.safetensors.index.json); refimpl reads "
+                            f"safetensors checkpoints only")
+
+
+def _raw_bf16(path: Path, name: str) -> np.ndarray:
+    """A BF16 tensor widened (exactly) to f32: NumPy has no bfloat16, so read its bytes via the file header
+    (8-byte little-endian header length, JSON header with `data_offsets` relative to the data section)."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+    e = header[name]
+    lo, hi = e["data_offsets"]
+    raw = np.fromfile(path, dtype="<u2", count=(hi - lo) // 2, offset=8 + n + lo)
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(e["shape"])
+
+
+def iter_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) of every tensor of one safetensors file, in the file's key order (safe_open, NumPy)."""
+    from safetensors import safe_open
+    with safe_open(str(path), framework="np") as f:
+        for name in f.keys():
+            if f.get_slice(name).get_dtype() == "BF16":
+                yield name, _raw_bf16(path, name)
+            else:
+                yield name, f.get_tensor(name)
+
+
+def hf_tensors(src) -> dict[str, np.ndarray]:
+    """Every weight of a BERT directory under its llama.cpp name, NumPy order, in file order.
+
+    F32 and F16 arrays as stored; BF16 and F64 widened/rounded to f32 (llama.cpp's converter does the same).
+    """
+    src = Path(src)
+    out: dict[str, np.ndarray] = {}
+    for path in safetensors_files(src):
+        for name, x in iter_safetensors(path):
+            gname = gguf_name(name, where=str(path))
+            if gname is None:
+                continue
+            if x.dtype.kind != "f":
+                raise ValueError(f"{path}: tensor {name!r} ({gname!r}) has dtype {x.dtype}; expected floats")
+            if x.dtype not in (np.float32, np.float16):
+                x = x.astype(np.float32)
+            if gname in out:
+                raise ValueError(f"{path}: tensor {name!r} maps to {gname!r}, which an earlier tensor already gave")
+            out[gname] = x
+    return out
+
+
+def hf_pooling(src) -> str | None:
+    """The sentence-transformers pooling (none/mean/cls/last) that modules.json / 1_Pooling say, else None."""
+    src = Path(src)
+    modules = read_json(src / "modules.json") or []
+    path = next((m.get("path", "") for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
+    if path is None:
+        return None
+    cfg = read_json(src / path / "config.json", required=True)
+    if cfg.get("pooling_mode_mean_tokens"):
+        return "mean"
+    if cfg.get("pooling_mode_cls_token"):
+        return "cls"
+    if cfg.get("pooling_mode_lasttoken"):
+        return "last"
+    mode = {"mean": "mean", "cls": "cls", "lasttoken": "last"}.get(cfg.get("pooling_mode"))
+    if mode is None:
+        raise ValueError(f"{src / path / 'config.json'}: pooling {cfg} is not one llama.cpp has (mean, cls, lasttoken)")
+    return mode
+
+
+def hf_max_length(src) -> int | None:
+    """sentence-transformers' max_seq_length (sentence_bert_config.json), else None."""
+    cfg = read_json(Path(src) / "sentence_bert_config.json") or {}
+    n = cfg.get("max_seq_length")
+    return int(n) if n else None
+
+
+# -- vocabulary ---------------------------------------------------------------------------------------

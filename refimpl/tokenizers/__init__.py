@@ -1,0 +1,37 @@
+"""Every tokenizer llama.cpp knows, from a GGUF file's vocabulary, giving llama.cpp's token ids.
+
+    tok = refimpl.tokenizers.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")    # also refimpl.tokenizer.from_gguf
+
+    llama.py      BPE (gpt2: byte-level, with every pre-tokenizer of PRE_TOKENIZERS) and SPM (llama) -- Tokenizer
+    wordpiece.py  WordPiece (bert), and Hugging Face's tokenizer.json / vocab.txt for BERT checkpoints
+    rwkv.py       RWKV World (rwkv): greedy longest match over a byte trie
+    base.py       llama.cpp's end-of-generation texts and the streaming decoder they share
+"""
+from __future__ import annotations
+
+from os import PathLike
+
+from .base import StreamDecoder
+from .llama import BYTE_TO_CHAR, CHAR_TO_BYTE, PRE_TOKENIZERS, Tokenizer, TokenType  # noqa: F401
+
+__all__ = ["Tokenizer", "StreamDecoder", "from_gguf", "PRE_TOKENIZERS", "TokenType"]
+
+
+def from_gguf(src) -> Tokenizer:
+    """The tokenizer of a GGUF file: a path or a `refimpl.gguf.GGUFFile` (or its metadata dict)."""
+    if isinstance(src, (str, bytes, PathLike)):
+        from .. import gguf
+        src = gguf.load(src)
+    from ..gguf import check_tokenizer_metadata
+    kv = src if isinstance(src, dict) else src.metadata
+    if "tokenizer.ggml.tokens" not in kv:
+        raise ValueError("GGUF has no tokenizer.ggml.tokens: no vocabulary to build a tokenizer from")
+    check_tokenizer_metadata(kv, getattr(src, "path", "GGUF"))     # types and lengths, before anything is built
+    model = kv.get("tokenizer.ggml.model", "llama")
+    if model == "bert":                                      # WordPiece (BERT family)
+        from .wordpiece import WordPieceTokenizer
+        return WordPieceTokenizer.from_gguf_metadata(kv)
+    if model == "rwkv":                                      # RWKV World: greedy longest match
+        from .rwkv import RWKVTokenizer
+        return RWKVTokenizer.from_gguf_metadata(kv)
+    return Tokenizer(kv)

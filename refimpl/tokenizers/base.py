@@ -1,0 +1,29 @@
+"""What every tokenizer of this package shares: llama.cpp's end-of-turn / end-of-generation texts and the
+streaming decoder (bytes held back until they form whole UTF-8 characters)."""
+from __future__ import annotations
+
+import codecs
+
+EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+              "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+EOG_TEXTS = EOT_TEXTS + ("<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "</s>", "<|eom_id|>",
+                           "[EOS]", "<eos>", "<turn|>", "<|tool_response>", "[e~[")
+
+
+class StreamDecoder:
+    """Incremental detokenizer: `push(id)` returns the text completed by this token (possibly ""),
+    holding back the bytes of a character split across tokens (an emoji or CJK character is often
+    2 to 4 byte tokens); `flush()` returns what is left (U+FFFD for an incomplete tail). Invalid
+    bytes become U+FFFD exactly as in `decode`. The pieces are raw: no `clean_spaces` and no
+    stripped space prefix (as llama.cpp's generation loop prints them)."""
+
+    def __init__(self, tokenizer: Tokenizer, special: bool = True):
+        self.tokenizer = tokenizer
+        self.special = special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self.tokenizer.token_to_piece(int(token_id), self.special))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)

@@ -1,0 +1,194 @@
+"""The layers of docs/architecture.md, read off the source: core <- ops <- models <- tools, kernels beside ops
+(they import core and ops; only the dispatch loads them), the test toolkit above everything. Every import
+statement of refimpl, module level or inside a function, is an edge; the graph has no cycle, no edge goes up
+a layer or sideways into kernels, and no module takes another package's private name or private module."""
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# module prefix -> layer (the longest matching prefix decides)
+LAYER_OF = {
+    "refimpl": "facade",                 # refimpl/__init__.py: re-exports core and ops for `import refimpl`
+    "refimpl.types": "core", "refimpl.qtensor": "core", "refimpl.quants": "core", "refimpl.gguf": "core",
+    "refimpl.dispatch": "core", "refimpl.shapes": "core", "refimpl.tolerances": "core", "refimpl.rounding": "core",
+    "refimpl.ops": "ops",
+    "refimpl.kernels": "kernels",
+    "refimpl.models": "models", "refimpl.tokenizers": "models", "refimpl.tokenizer": "models",
+    "refimpl.chat": "models", "refimpl.sampling": "models",
+    "refimpl.compare": "tools", "refimpl.check": "tools", "refimpl.report": "tools", "refimpl.__main__": "tools",
+    "refimpl.rpc": "tools", "refimpl.convert": "tools", "refimpl.fetch": "tools", "refimpl.requantize": "tools",
+    "refimpl.testing": "testing",
+}
+BELOW = {     # layer -> the layers it may import
+    "core": {"core"},
+    "ops": {"core", "ops"},
+    "kernels": {"core", "ops", "kernels"},
+    "models": {"core", "ops", "models"},
+    "facade": {"core", "ops", "facade", "models", "tools", "testing"},   # lazy attributes only, see below
+    "tools": {"core", "ops", "models", "tools", "facade"},
+    "testing": {"core", "ops", "kernels", "models", "tools", "facade", "testing"},
+}
+# The one edge from the library into the test toolkit: `refimpl compare --op` runs the toolkit's op comparison
+# (its op cases need hypothesis), imported inside that branch of the command line only.
+ALLOWED_EDGES = {("refimpl.compare", "refimpl.testing.compare_op")}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / "refimpl").rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(mod: str, is_pkg: bool, level: int, name: str | None) -> str:
+    if level == 0:
+        return name or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _imports(mod: str, path: Path):
+    """(target module, imported name or None, line) for every refimpl import in the file."""
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "refimpl":
+                    yield a.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(mod, is_pkg, node.level, node.module)
+            if target.split(".")[0] != "refimpl":
+                continue
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                yield (sub, None, node.lineno) if sub in MODULES else (target, a.name, node.lineno)
+
+
+def _layer(mod: str) -> str:
+    best = max((p for p in LAYER_OF if mod == p or mod.startswith(p + ".")), key=len)
+    return LAYER_OF[best]
+
+
+def _package(mod: str) -> str:
+    return ".".join(mod.split(".")[:2])
+
+
+EDGES = {m: sorted({t for t, _, _ in _imports(m, p) if t in MODULES and t != m}) for m, p in MODULES.items()}
+
+
+def test_every_module_has_a_layer():
+    assert all(_layer(m) for m in MODULES)
+
+
+def test_the_import_graph_has_no_cycle():
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):                                        # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in EDGES[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+    for v in MODULES:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_imports_go_down_the_layers():
+    bad = []
+    for m, path in MODULES.items():
+        for t, _, line in _imports(m, path):
+            if t not in MODULES and t.rsplit(".", 1)[0] not in MODULES:
+                continue
+            lt = _layer(t)
+            if lt not in BELOW[_layer(m)] and (m, t) not in ALLOWED_EDGES:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {m} ({_layer(m)}) imports {t} ({lt})")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_the_facade_imports_only_core_and_ops_eagerly():
+    """`import refimpl` loads core and ops; models, tools and the toolkit are attributes loaded on first use."""
+    tree = ast.parse((ROOT / "refimpl" / "__init__.py").read_text())
+    eager = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    for n in eager:
+        target = _resolve("refimpl", True, n.level, n.module) if isinstance(n, ast.ImportFrom) else n.names[0].name
+        names = [target] + [f"{target}.{a.name}" for a in getattr(n, "names", [])]
+        layers = {_layer(x) for x in names if x in MODULES}
+        assert layers <= {"core", "ops", "facade"}, (target, layers)
+
+
+def test_no_private_name_or_module_crosses_a_package():
+    bad = []
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        alias = {}
+        for t, name, line in _imports(m, path):
+            private_mod = any(p.startswith("_") and not p.startswith("__") for p in t.split("."))
+            private_name = bool(name) and name.startswith("_") and not name.startswith("__")
+            if _package(t) != _package(m) and (private_mod or private_name):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {m} imports {t}{'.' + name if name else ''}")
+        for node in ast.walk(tree):                      # module aliases: `from ..ops import matmul as mm`
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve(m, path.name == "__init__.py", node.level, node.module)
+                for a in node.names:
+                    if f"{target}.{a.name}" in MODULES:
+                        alias[a.asname or a.name] = f"{target}.{a.name}"
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in alias
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and _package(alias[node.value.id]) != _package(m)):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {m} reads {alias[node.value.id]}.{node.attr}")
+    assert not bad, "private names across packages:\n" + "\n".join(sorted(set(bad)))
+
+
+@pytest.mark.parametrize("folder", ["ops"])
+def test_no_backend_or_numerics_branch_in_op_bodies(folder):
+    """The dispatch alone asks which backend and numerics are active."""
+    bad = []
+    for path in sorted((ROOT / "refimpl" / folder).rglob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if any(k in code for k in ("current_numerics(", "current_backend(", "ggml_numerics(", "gpu_mode(")):
+                bad.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not bad, "\n".join(bad)
+
+
+def test_models_import_no_kernel():
+    bad = [f"{MODULES[m].relative_to(ROOT)}: {m} imports {t}" for m in MODULES if _layer(m) == "models"
+           for t in EDGES[m] if _layer(t) == "kernels"]
+    assert not bad, "\n".join(bad)
+
+
+def test_library_code_never_imports_the_test_toolkit():
+    bad = [f"{m} imports {t}" for m in MODULES if _layer(m) not in ("testing", "facade")
+           for t in EDGES[m] if _layer(t) == "testing" and (m, t) not in ALLOWED_EDGES]
+    assert not bad, "\n".join(bad)
