@@ -269,3 +269,64 @@ def ggml_numerics(override: str | None = None) -> bool:
     """Whether the active (or given) profile reproduces ggml-cpu's roundings ("ggml", "ggml-nollamafile"):
     what a model asks to lay out its state as llama.cpp's graph does (f16 KV cells, padded spans)."""
     return current_numerics(override) in GGML_PROFILES
+
+
+# -- where activations live -----------------------------------------------------------------------------------
+#
+# A backend that keeps activations on a device (CUDA) registers its residency helpers when its kernels load; a
+# model asks `residency()` for them instead of importing kernels, so it never names a backend or a device.
+
+_RESIDENCY: dict[str, object] = {}
+_SCOPES: dict[str, Callable] = {}
+
+
+def register_residency(backend: str, helpers) -> None:
+    """`helpers` (upload, constant, permute, assign, cast, pad_rows, clone, broadcast: see
+    refimpl.kernels.cuda.residency) for a backend whose kernels return device arrays."""
+    _RESIDENCY[backend] = helpers
+
+
+def residency():
+    """The active backend's residency helpers when its ops keep activations on a device under the active
+    numerics profile (the ggml profiles run NumPy emulations), else None."""
+    b = _backend.get()
+    if b == "numpy" or ggml_numerics():
+        return None
+    if b not in _loaded:
+        _load(b)
+    return _RESIDENCY.get(b)
+
+
+def on_device(x) -> bool:
+    """x is a device array of a backend (numba.cuda's; duck-typed, so nothing is imported)."""
+    return hasattr(x, "copy_to_host") and hasattr(x, "shape")
+
+
+def to_host(x):
+    """A device array copied to NumPy; anything else unchanged."""
+    return x.copy_to_host() if on_device(x) else x
+
+
+def device_of(x=None):
+    """The residency helpers that move x, a device array: the active backend's, else the first registered
+    (a device array outlives a `with backend(...)` block)."""
+    r = residency() or next(iter(_RESIDENCY.values()), None)
+    if r is None:
+        raise RuntimeError("a device array, but no backend with device residency is loaded")
+    return r
+
+
+def register_scope(backend: str, fn: Callable) -> None:
+    """fn(n_tokens, workload) -> a context manager a backend enters around a model's forward pass."""
+    _SCOPES[backend] = fn
+
+
+def forward_scope(n_tokens: int, workload: str):
+    """What the active backend does around a model's forward pass of n_tokens ("decoder": a causal LM whose
+    decode kernels run on the backend's threads; "encoder": a batch of independent rows). The numba backend
+    shares its threads with BLAS's jobs for the pass (refimpl/kernels/blas_threads.py); others do nothing."""
+    b = _backend.get()
+    if b != "numpy" and b not in _loaded:
+        _load(b)
+    fn = _SCOPES.get(b)
+    return fn(n_tokens, workload) if fn is not None else contextlib.nullcontext()

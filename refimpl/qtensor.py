@@ -30,7 +30,7 @@ class QTensor:
     be taken whole. `np.asarray(qt)` dequantizes to float32; nothing else dequantizes implicitly.
     """
 
-    __slots__ = ("type", "data", "shape")
+    __slots__ = ("type", "data", "shape", "__weakref__")      # weak references: caches keyed by a weight
     __array_priority__ = 10
 
     def __init__(self, type, data: np.ndarray, shape):

@@ -17,11 +17,30 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 import pytest
 
+from tests._oracles import require_oracle
+
+
+KINDS = ("oracle", "golden", "property", "equivalence")
+ORACLE_FIXTURES = ("ggml",)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that use an oracle's fixture or live in tests/oracle/ are `oracle`; every test must say what it
+    compares against (one of KINDS, usually a module's `pytestmark`)."""
+    unmarked = []
+    for item in items:
+        if set(ORACLE_FIXTURES) & set(getattr(item, "fixturenames", ())) or "/tests/oracle/" in str(item.fspath):
+            item.add_marker(pytest.mark.oracle)
+        if not any(item.get_closest_marker(k) for k in KINDS):
+            unmarked.append(item.nodeid)
+    if unmarked:
+        raise pytest.UsageError(f"tests without one of the markers {KINDS}: " + ", ".join(unmarked[:20]))
+
 
 @pytest.fixture(scope="session")
 def ggml():
-    """The live ggml oracle (refimpl.testing.ggml); skipped only when ggml-python is not installed."""
-    pytest.importorskip("ggml", reason="ggml-python, the golden oracle, is not installed")
+    """The live ggml oracle (refimpl.testing.ggml); a test that asks for it fails when ggml-python is missing."""
+    require_oracle("ggml", "ggml-python, the golden oracle,")
     from refimpl.testing import ggml as oracle
     oracle.check_profile()       # a native (AVX-512) build would change the numbers: fail, don't compare
     # llama.cpp's libggml (another ggml version) must never share this process with the oracle's: a library

@@ -15,6 +15,8 @@ from benchmarks.summary import Row, markdown, target_for
 
 from ._models import SMOLLM2_FILE, missing_reason, smollm2_path
 
+pytestmark = pytest.mark.property
+
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["part", "what", "engine A", "engine B", "ratio A/B", "target", "holds?", "threads", "peak RSS MiB"]
 

@@ -7,6 +7,8 @@ import pytest
 from ._models import smollm2_path
 
 
+pytestmark = pytest.mark.property
+
 def run(*args, input=None):
     return subprocess.run([sys.executable, "-m", "refimpl", *args], capture_output=True, text=True,
                           input=input, timeout=900)

@@ -17,6 +17,8 @@ from refimpl.testing import nmse, tol
 
 from .models.rwkv_tiny import tiny_state_dict, write_tiny_rwkv
 
+pytestmark = pytest.mark.property
+
 VOCAB = 257                              # "<s>" + the 256 bytes
 STATE_KEYS = ("shift_att", "shift_ffn", "wkv")
 OPTS = ["--backend", "numpy"]            # the reference computations below run on the NumPy backend too

@@ -17,8 +17,11 @@ from refimpl.testing.compare_op import compare_op
 from refimpl.compare import (Row, compare, first_over, format_table, llama_cpp_available,
                              llama_cpp_system_info, profile_problems, run_llama_cpp)
 from refimpl.models import llama
+from tests._oracles import require_llama_cpp
 
 from .models.tiny import write_tiny_llama
+
+pytestmark = pytest.mark.oracle
 
 GOLDEN = pathlib.Path(__file__).parent / "golden_data" / "llama_tiny.npz"
 _Z = np.load(GOLDEN, allow_pickle=False)
@@ -26,8 +29,12 @@ MODELS = {m["name"]: m for m in json.loads(str(_Z["meta"]))["models"]}
 Q8 = "q8_0_gqa4x2_untied_rope5e5"
 F32 = "f32_gqa4x2_untied_rope5e4"
 
-needs_llama_cpp = pytest.mark.skipif(not llama_cpp_available(),
-                                     reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
+needs_llama_cpp = pytest.mark.usefixtures("llama_cpp_oracle")
+
+
+@pytest.fixture
+def llama_cpp_oracle():
+    require_llama_cpp()
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +52,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def build_ok():
-    if not llama_cpp_available():
-        pytest.skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    require_llama_cpp()
     bad = profile_problems(llama_cpp_system_info())
     assert not bad, (f"llama-cpp-python is not the build refimpl's ggml mode follows ({bad}); reinstall it as "
                      f"scripts/gen_llama_goldens.py says")

@@ -25,8 +25,11 @@ from refimpl.kernels.ggml.llamafile import takes_sgemm
 from refimpl.requantize import requantize
 from refimpl.testing.cases import named_cases
 from refimpl.testing.tolerances import tol
+from tests._oracles import require_llama_cpp
 
 from .models.bert_tiny import write_tiny_bert_hf
+
+pytestmark = pytest.mark.oracle
 
 GOLDEN = pathlib.Path(__file__).parent / "golden_data" / "rwkv6_llamacpp.npz"
 BERT_TEXT = "a big red dog"            # [CLS] a big red dog [SEP]: 6 tokens, not a multiple of 4 (see below)
@@ -40,8 +43,7 @@ def _numpy_backend():
 
 @pytest.fixture(scope="module")
 def build_ok():
-    if not llama_cpp_available():
-        pytest.skip("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    require_llama_cpp()
     bad = profile_problems(llama_cpp_system_info())
     assert not bad, (f"llama-cpp-python is not the build refimpl's ggml mode follows ({bad}); reinstall it as "
                      f"scripts/gen_llama_goldens.py says")
@@ -152,18 +154,21 @@ def test_compare_rwkv6_exact_mode_within_budget(tiny_rwkv6, build_ok):
 
 def test_takes_sgemm_follows_ggml_cpu_conditions():
     """tinyBLAS needs >= 2 columns, k % 8 == 0, a's rows a multiple of 4, and src1 packed unless it is
-    converted first (F16 source); outside numerics="ggml" it is never taken."""
+    converted first (F16 source); only the "ggml" profile (llama.cpp's build) tries it."""
+    from refimpl.dispatch import NUMERICS
+    from refimpl.kernels.ggml import llamafile
     f32 = np.float32
     a8, a6 = np.ones((8, 16), f32), np.ones((6, 16), f32)
     b = np.ones((3, 16), f32)
     strided = np.ones((3, 24), f32)[:, :16]
-    with refimpl.numerics("ggml"):
-        assert takes_sgemm(a8, b) and takes_sgemm(a8.astype(np.float16), strided)
-        assert not takes_sgemm(a6, b)                            # 6 rows: no 4-row tile
-        assert not takes_sgemm(a8, strided)                      # strided f32 src1, F32 source: vec_dot
-        assert not takes_sgemm(a8, b[:1])                        # one column: vec_dot
-        assert not takes_sgemm(np.ones((8, 12), f32), np.ones((3, 12), f32))    # k % 8 != 0
-    assert not takes_sgemm(a8, b)
+    assert takes_sgemm(a8, b) and takes_sgemm(a8.astype(np.float16), strided)
+    assert not takes_sgemm(a6, b)                            # 6 rows: no 4-row tile
+    assert not takes_sgemm(a8, strided)                      # strided f32 src1, F32 source: vec_dot
+    assert not takes_sgemm(a8, b[:1])                        # one column: vec_dot
+    assert not takes_sgemm(np.ones((8, 12), f32), np.ones((3, 12), f32))    # k % 8 != 0
+    refimpl.mul_mat(a8, b, numerics="ggml")                  # loads the emulations
+    assert refimpl.ops.OPS["mul_mat"].impls[(None, "llamafile")] is llamafile.mul_mat
+    assert [p for p, chain in NUMERICS.items() if "llamafile" in chain] == ["ggml"]
 
 
 # -- the op emulations the comparison located, against ggml-python -------------------------------------

@@ -18,6 +18,8 @@ from .models.bert_tiny import VOCAB, write_tiny_bert_hf
 
 pytest.importorskip("safetensors", reason="the safetensors package reads Hugging Face weights")
 
+pytestmark = pytest.mark.golden
+
 GOLDEN = Path(__file__).parent / "golden_data" / "bert_minilm_convert.json"
 
 

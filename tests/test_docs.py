@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.property
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS_TOOLS = ("mkdocs", "mkdocstrings", "mkdocstrings_handlers.python", "mkdocs_jupyter", "material")
 

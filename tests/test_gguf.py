@@ -27,8 +27,11 @@ import refimpl
 from refimpl import QTensor
 from refimpl.gguf import GGUFError, load, save
 from refimpl.types import NUMPY_DTYPES, GGMLType, traits, type_traits
+from tests._oracles import require_oracle
 
 from ._models import SMOLLM2_FILE, missing_reason, smollm2_path
+
+pytestmark = pytest.mark.property
 
 needs_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason=missing_reason(SMOLLM2_FILE))
 
@@ -241,7 +244,7 @@ _GGML_SCALAR = {VT.UINT8: "u8", VT.INT8: "i8", VT.UINT16: "u16", VT.INT16: "i16"
 def ggml_view(path):
     """What ggml's gguf_init_from_file reads: header facts, {key: (type, value)}, [(name, type, offset, size)]."""
     import ctypes
-    g = pytest.importorskip("ggml", reason="ggml-python (the ggml oracle) is not installed")
+    g = require_oracle("ggml", "ggml-python, the ggml oracle,")
     ctx = g.gguf_init_from_file(str(path).encode(), g.gguf_init_params(no_alloc=True, ctx=None))
     assert ctx, f"ggml refused {path}"
     try:
@@ -270,6 +273,7 @@ def ggml_view(path):
         g.gguf_free(ctx)
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("alignment", [32, 1, 64])
 def test_ggml_reads_generated_files_alike(tmp_path, alignment):
     """ggml's C reader accepts what save writes (every value and tensor type) and sees what load sees."""
@@ -282,6 +286,7 @@ def test_ggml_reads_generated_files_alike(tmp_path, alignment):
     assert tensors == [(i.name, i.type, i.offset, i.nbytes) for i in f.tensor_info.values()]
 
 
+@pytest.mark.oracle
 @needs_smollm2
 def test_ggml_reads_smollm2_alike():
     f = load(smollm2_path())
@@ -600,11 +605,12 @@ for path in sys.argv[1:]:
 """
 
 
+@pytest.mark.oracle
 def test_ggml_refuses_the_malformed_files(tmp_path):
     """Every GGUFError case is a file ggml refuses too (run apart: a ggml abort must not kill pytest)."""
     import subprocess
     import sys
-    pytest.importorskip("ggml", reason="ggml-python (the ggml oracle) is not installed")
+    require_oracle("ggml", "ggml-python, the ggml oracle,")
     cases = [c for c in sorted(BAD) if c not in GGML_CRASHES]
     paths = []
     for c in cases:

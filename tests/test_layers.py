@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.property
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # module prefix -> layer (the longest matching prefix decides)

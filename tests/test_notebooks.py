@@ -19,6 +19,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.property
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
 SOURCES = sorted(NB_DIR.glob("[0-9][0-9]_*.py"))

@@ -23,6 +23,8 @@ from refimpl.qtensor import QTensor
 from refimpl.testing import BLOCK_KINDS, assert_bits_equal, assert_nmse, make_block, tol
 from refimpl.types import as_type, traits
 
+pytestmark = pytest.mark.property
+
 BACKENDS = ["numpy", "numba"]
 TYPES = ["f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q6_K"]
 FUSED = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]       # types with a fused f32 decode kernel (kernels/matmul FAST)

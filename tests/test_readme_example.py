@@ -6,6 +6,8 @@ from hypothesis import given
 from refimpl.testing import assert_nmse, op_cases
 
 
+pytestmark = pytest.mark.property
+
 def my_rms_norm(x, eps):
     return x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + eps)
 

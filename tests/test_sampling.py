@@ -5,6 +5,8 @@ import pytest
 from refimpl.sampling import Sampler
 
 
+pytestmark = pytest.mark.property
+
 def test_greedy_is_argmax_and_penalty_can_change_it():
     z = np.array([0.1, 3.0, 2.9, -1.0])
     assert Sampler().sample(z) == 1

@@ -1,4 +1,5 @@
 """The public hypothesis strategies draw what they promise: ggml shapes, every type, real views."""
+import pytest
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -6,6 +7,8 @@ import refimpl
 from refimpl import QTensor
 from refimpl.testing import block_rows, tensors
 from refimpl.types import NUMPY_DTYPES, type_traits
+
+pytestmark = pytest.mark.property
 
 ALL = [t for t in type_traits if t not in (refimpl.GGMLType.I64,)]
 

@@ -20,6 +20,8 @@ import pytest
 from refimpl.tokenizer import PRE_TOKENIZERS, TokenType, from_gguf
 from tests._models import SMOLLM2_FILE, missing_reason, smollm2_path
 
+pytestmark = pytest.mark.golden
+
 GOLDEN = Path(__file__).parent / "golden_data"
 
 

@@ -10,6 +10,8 @@ from refimpl import GGMLType as T, QTensor
 from refimpl.types import type_traits
 
 
+pytestmark = pytest.mark.property
+
 def test_traits_match_ggml_for_every_type(ggml):
     g, _, _ = ggml._libs()
     for i in range(g.GGML_TYPE_COUNT):

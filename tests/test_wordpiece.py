@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 import refimpl.fetch
 from refimpl.tokenizers.wordpiece import WordPieceTokenizer, from_hf_dir
 
+pytestmark = pytest.mark.golden
+
 tokenizers = pytest.importorskip("tokenizers", reason="the `tokenizers` package (the reference) is not installed")
 
 MINILM = refimpl.fetch.path("minilm")

@@ -67,11 +67,8 @@ there llama.cpp's converter writes no ids and no lowercase flag, and llama.cpp w
 """
 from __future__ import annotations
 
-import json
-import re
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 

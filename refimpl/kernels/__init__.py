@@ -86,6 +86,9 @@ def load() -> None:
                 failed.append(f"{name}: {e}")
         except ImportError as e:
             failed.append(f"{name}: {e}")
+    from ..dispatch import register_scope
+    from . import blas_threads
+    register_scope("numba", blas_threads.forward_scope)
     if failed:
         raise ImportError("; ".join(failed))
 

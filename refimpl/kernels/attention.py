@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .. import ops
 from ..ops import attention as ref_at
 from ..dispatch import register
 from ..shapes import ne4
@@ -330,3 +331,21 @@ def _mha(q5, iq, k5, ik, v5, iv, mask, scale: float):
     parallel_ranges(lambda lo, hi: _mha_fast(q5, iq, k5, ik, v5, iv, m4, mask is not None, sc, out, lo, hi),
                     S * H, per)
     return out.reshape(S, T, H * D)
+
+
+@register("attn_mha", backend="numba", numerics="fast")
+def attn_mha(q, k, v, mask, scale):
+    """refimpl.ops.fused.attn_mha under numerics="fast": `mha_fast`, or NotImplemented (the ops run)."""
+    out = mha_fast(q, k, v, mask, scale)
+    return NotImplemented if out is None else out
+
+
+@register("attn_qkv", backend="numba", numerics="fast")
+def attn_qkv(x, wqkv, bqkv, mask, scale, n_head):
+    """refimpl.ops.fused.attn_qkv under numerics="fast": one product of the stacked weight (fast mode's
+    mul_mat, each output its own weight row's f32 dot), then `mha_fast_qkv` on its planes."""
+    S, T, E = x.shape
+    n = wqkv.shape[0] // 3
+    qkv = ops.mul_mat_add(wqkv, np.asarray(x).reshape(S * T, E), bqkv).reshape(S, T, 3, n_head, n // n_head)
+    out = mha_fast_qkv(np.ascontiguousarray(qkv), mask, scale)
+    return NotImplemented if out is None else out

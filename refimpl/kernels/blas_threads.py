@@ -232,3 +232,18 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):           # POSIX; elsewhere there is no fork (and no /proc: not available)
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forward_scope(n_tokens: int, workload: str):
+    """The numba backend's scope around a model's forward pass (refimpl.dispatch.forward_scope).
+
+    decoder  a prefill (more than 8 tokens) runs BLAS's jobs on Numba's threads, the threads of the decode
+             kernels: OpenBLAS's own workers spin ~0.1 s after a call and took a core from the first decode
+             steps after a prefill (SmolLM2, 2 threads: 30-110 ms a token instead of 12-19). Decode steps make
+             no BLAS calls (one token: the fused kernels), so they need no scope.
+    encoder  every call of the pass runs BLAS's jobs on refimpl's threads, which sleep between calls, so that
+             no OpenBLAS worker spins beside the multi-threaded kernels that follow each GEMM (MiniLM's long
+             batch, 2,016 tokens: 281-310 ms against 341-400 with OpenBLAS's workers)."""
+    if workload == "decoder":
+        return shared(omp=True) if n_tokens > 8 else contextlib.nullcontext()
+    return shared()

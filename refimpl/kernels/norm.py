@@ -149,3 +149,10 @@ def add_norm_affine(y, bias, res, w, b, eps: float):
     parallel_ranges(lambda lo, hi: _add_norm_affine(y, bias_, has_bias, res_, has_res, wc, bc, e, out, lo, hi),
                     rows, max(1, PAR_MIN // n))
     return out
+
+
+@register("add_norm_affine", backend="numba")
+def _add_norm_affine_op(a, bias, residual, w, b, eps):
+    """refimpl.ops.fused.add_norm_affine: `add_norm_affine` above, or NotImplemented for what it does not cover."""
+    out = add_norm_affine(a, bias, residual, w, b, eps)
+    return NotImplemented if out is None else out

@@ -19,6 +19,7 @@ import functools
 import numpy as np
 from numba import njit
 
+from .. import ops
 from ..ops import elementwise as ref_ew
 from ..dispatch import register
 from ..shapes import ne4
@@ -197,16 +198,16 @@ def geglu(a, b=None, *, swapped: bool = False):
 # -- a projection's bias and GELU fused (refimpl.models.bert's FFN) --------------------------------------------
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _bias_gelu(y, bias, tab, act, lo, hi):
-    """Rows lo..hi-1 of y (rows, n), in place: y = fl(y + bias), then with act y = gelu(y) as `_unary`
-    computes it."""
+def _bias_gelu(y, bias, tab, act, out, lo, hi):
+    """Rows lo..hi-1 of y (rows, n) into out (may be y itself): out = fl(y + bias), then with act
+    out = gelu(out) as `_unary` computes it."""
     n = y.shape[1]
     for r in range(lo, hi):
-        row = y[r]
+        row, o = y[r], out[r]
         for i in range(n):
-            row[i] = row[i] + bias[i]
+            o[i] = row[i] + bias[i]
         if act:
-            _gelu_into(row, tab, row)
+            _gelu_into(o, tab, o)
 
 
 def bias_gelu_(y, bias, act: bool = True):
@@ -220,5 +221,33 @@ def bias_gelu_(y, bias, act: bool = True):
     b = np.ascontiguousarray(bias)
     tab = gelu_table_f32()
     rows, n = y.shape
-    parallel_ranges(lambda lo, hi: _bias_gelu(y, b, tab, act, lo, hi), rows, max(1, PAR_MIN // n))
+    parallel_ranges(lambda lo, hi: _bias_gelu(y, b, tab, act, y, lo, hi), rows, max(1, PAR_MIN // n))
+    return y
+
+
+def _bias_operands(y, bias) -> bool:
+    return (isinstance(y, np.ndarray) and y.dtype == np.float32 and y.ndim == 2 and y.size and y.flags.c_contiguous
+            and isinstance(bias, np.ndarray) and bias.dtype == np.float32 and bias.shape == (y.shape[1],))
+
+
+@register("add_gelu", backend="numba")
+def add_gelu(a, bias):
+    """refimpl.ops.fused.add_gelu in one pass (the bits of add, then gelu's f16 table), into a new array."""
+    if not _bias_operands(a, bias):
+        return NotImplemented
+    out = np.empty_like(a)
+    b, tab = np.ascontiguousarray(bias), gelu_table_f32()
+    parallel_ranges(lambda lo, hi: _bias_gelu(a, b, tab, True, out, lo, hi), a.shape[0], max(1, PAR_MIN // a.shape[1]))
+    return out
+
+
+@register("mul_mat_add", backend="numba")
+def mul_mat_add(a, b, bias=None):
+    """refimpl.ops.fused.mul_mat_add: the product (mul_mat's kernels), then the bias added in place on that
+    product, which this function owns (the add op's bits)."""
+    y = ops.mul_mat(a, b)
+    if bias is None:
+        return y
+    if bias_gelu_(y, bias, act=False) is None:
+        return ops.add(y, bias)
     return y

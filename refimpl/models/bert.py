@@ -46,14 +46,13 @@ projection, then after it and its bias; a dict keeps the second), ffn_inp-N, ffn
 llama.cpp names no tensor for a layer's output; refimpl calls it l_out-N as llama.cpp's other graphs do.
 Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [..., n_tokens, n_seq].
 
-On the Numba backend without a capture, op sequences run fused (a capture runs the ops, so every named tensor
-exists): the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is one kernel
-(`refimpl.kernels.norm.add_norm_affine`), the FFN's up bias and GELU one more, and the Q, K, V biases are added
-in place on the projections' outputs (`refimpl.kernels.unary.bias_gelu_`), all with the ops' bits, in exact and
-fast numerics. In numerics="fast", `attention` runs kq, soft_max_ext and kqv as one kernel
-(`refimpl.kernels.attention.mha_fast`: f32 sums in index order, an order fast mode allows mul_mat, and the
-softmax's bits for those scores), reading Q, K and V where the projections put them. The layers run OpenBLAS's
-threaded jobs on refimpl's threads (`_blas_threads`).
+Without a capture the sublayers are refimpl.ops.fused's ops (a capture runs them op by op, so every named
+tensor exists): the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is
+`add_norm_affine`, the FFN's up bias and GELU `add_gelu`, each projection with its bias `mul_mat_add`, and the
+attention `attn_qkv` (Q, K, V from one stacked weight, derived at load) or `attn_mha`. Their references are the
+op sequences; the numba backend registers one-pass kernels with the ops' bits (and, in numerics="fast", one
+attention kernel: f32 sums in index order, an order fast mode allows mul_mat). The forward pass runs in the
+backend's `forward_scope` (the numba backend shares its threads with BLAS's jobs there).
 
 Under `refimpl.backend("cuda")` the activations stay on the device between ops (as in refimpl.models.llama:
 weights uploaded once, the head permutations run as CUDA kernels, the mask uploaded once per batch); `forward`
@@ -61,7 +60,6 @@ returns NumPy states and `embed` pools on the device and copies each pooled vect
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -69,10 +67,10 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import (add, current_backend, current_numerics, gelu, gelu_erf, get_rows, ggml_numerics, mul, norm,
-                   soft_max_ext)
-from ..ops import mul_mat
-from .llama import device_constant, gpu_mode, on_device, permuted, to_device, to_host
+from ..dispatch import forward_scope
+from ..ops import add, gelu, gelu_erf, get_rows, mul_mat, soft_max_ext
+from ..ops.fused import add_gelu, add_norm_affine, attn_mha, attn_qkv, mul_mat_add, stack_qkv
+from .common import capture_fn, device_constant, gpu_mode, layer_norm, no_capture, on_device, permuted, to_device, to_host
 
 A = Any  # np.ndarray or QTensor
 
@@ -229,16 +227,28 @@ class Layer:
     attn_output_b: A = None
     ffn_up_b: A = None
     ffn_down_b: A = None
+    attn_qkv: A = None       # derived at load: attn_q, attn_k, attn_v stacked (ops.fused.stack_qkv), or None
+    attn_qkv_b: A = None
+
+
+_DERIVED = ("attn_qkv", "attn_qkv_b")
 
 
 def _layers(weights: dict, n_layer: int) -> list[Layer]:
+    """The layers' weights, and what is derived from them once (the stacked Q/K/V weight that
+    ops.fused.attn_qkv takes: one (3n, n_embd) copy of the three f32 matrices, 1.8 MB a layer for MiniLM)."""
     out = []
     for i in range(n_layer):
         p = f"blk.{i}."
         kw = {}
         for f in Layer.__dataclass_fields__:
+            if f in _DERIVED:
+                continue
             name = p + (f[:-2] + ".bias" if f.endswith("_b") else f + ".weight")
             kw[f] = weights.get(name)
+        qkv = stack_qkv(kw["attn_q"], kw["attn_q_b"], kw["attn_k"], kw["attn_k_b"], kw["attn_v"], kw["attn_v_b"])
+        if qkv is not None:
+            kw["attn_qkv"], kw["attn_qkv_b"] = qkv
         out.append(Layer(**kw))
     return out
 
@@ -328,38 +338,14 @@ def _load_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
 
 # -- the graph ---------------------------------------------------------------------------------------------
 
-def _no_capture(name: str, x) -> None:
-    return None
-
-
-def _capture(capture) -> Callable[[str, np.ndarray], None]:
-    """A (name, array) callback; device arrays reach it as NumPy copies."""
-    if capture is None:
-        return _no_capture
-    if callable(capture):
-        return lambda name, x: capture(name, to_host(x))
-    return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
-
-
 def _norm(x, w, b, eps):
-    """llama.cpp's build_norm(LLM_NORM): ggml_norm, then mul by the weight and add the bias."""
-    return add(mul(norm(x, eps), device_constant(w)), device_constant(b))
+    """llama.cpp's build_norm(LLM_NORM), the gain and bias as the backend keeps constants."""
+    return layer_norm(x, device_constant(w), device_constant(b), eps)
 
 
 def _linear(w, b, x):
     y = mul_mat(w, x)
     return y if b is None else add(y, device_constant(b))
-
-
-def _linear_in_place(w, b, x):
-    """`_linear` with the bias added in place on the product (kernels.unary.bias_gelu_, act=False: the add op's
-    bits), for the fused path of `layer`."""
-    y = mul_mat(w, x)
-    if b is None:
-        return y
-    from ..kernels.unary import bias_gelu_
-    out = bias_gelu_(y, b, act=False)
-    return add(y, b) if out is None else out
 
 
 def key_mask(lengths, n_tokens: int) -> np.ndarray:
@@ -380,15 +366,10 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     ne [n_kv, n_tokens, n_head, n_seq]; soft_max_ext with the mask and 1/sqrt(head_dim); kqv = mul_mat(V^T, kq).
     """
     S, T, H, D = q.shape
-    if cap is _no_capture and current_backend() == "numba" and current_numerics() == "fast" and not on_device(q):
-        from ..kernels.attention import mha_fast      # the three ops in one pass (numba is imported by now)
-        out = mha_fast(q, k, v, mask, scale)
-        if out is not None:
-            return out
-    # ggml permutes Q as a view: under numerics="ggml" it stays a strided NumPy view, so that
-    # under numerics="ggml" the llamafile emulation sees the non-contiguous f32 src1 that makes llama.cpp take vec_dot for kq
-    ggml_view = ggml_numerics() and not on_device(q)
-    qh = q.transpose(0, 2, 1, 3) if ggml_view else permuted(q, (0, 2, 1, 3))   # (S, H, T, D)  ne [D, T, H, S]
+    # ggml permutes Q as a view, and so does this (refimpl.ops.fused.attn_mha, the same sequence without
+    # captures): under numerics="ggml" the llamafile emulation then sees the strided f32 src1 that makes
+    # llama.cpp take vec_dot for kq
+    qh = permuted(q, (0, 2, 1, 3)) if on_device(q) else q.transpose(0, 2, 1, 3)  # (S, H, T, D)  ne [D, T, H, S]
     kh = permuted(k, (0, 2, 1, 3))
     kq = mul_mat(kh, qh)                                         # (S, H, T, n_kv)  ne [n_kv, T, H, S]
     cap(f"kq-{il}", kq)
@@ -403,100 +384,72 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
 
 
 def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
-    """x (n_seq, n_tokens, n_embd) -> (n_seq, n_tokens, n_embd): one encoder layer (llama.cpp's bert graph)."""
+    """x (n_seq, n_tokens, n_embd) -> (n_seq, n_tokens, n_embd): one encoder layer (llama.cpp's bert graph).
+
+    Without a capture the sublayers run as refimpl.ops.fused's ops (attn_qkv or attn_mha, add_norm_affine,
+    add_gelu: their references are these op sequences, and backends register one-pass kernels for them);
+    with one, op by op, so that every named tensor exists."""
+    if cap is no_capture and not gpu_mode():
+        return _layer_fused(x, w, hp, mask)
     S, T, E = x.shape
     H, D = hp.n_head, hp.head_dim
     flat = x.reshape(S * T, E)
-    tail = _fused_tail(cap, x)
-    lin = _linear_in_place if tail else _linear
-    scale = 1.0 / float(np.sqrt(np.float32(D)))
-    wqkv = _qkv_weights(w) if tail and current_numerics() == "fast" else None
-    kqv = None
-    if wqkv is not None:                      # one product for Q, K and V, attention on its planes
-        from ..kernels.attention import mha_fast_qkv
-        kqv = mha_fast_qkv(lin(wqkv[0], wqkv[1], flat).reshape(S, T, 3, H, D), mask, scale)
-    if kqv is None:
-        q = lin(w.attn_q, w.attn_q_b, flat).reshape(S, T, H, D)
-        k = lin(w.attn_k, w.attn_k_b, flat).reshape(S, T, H, D)
-        v = lin(w.attn_v, w.attn_v_b, flat).reshape(S, T, H, D)
-        cap(f"Qcur-{il}", q)
-        cap(f"Kcur-{il}", k)
-        cap(f"Vcur-{il}", v)
-        kqv = attention(q, k, v, mask, scale, cap, il)
-    ffn_inp = tail(mul_mat(w.attn_output, kqv.reshape(S * T, E)), w.attn_output_b, flat, w.attn_output_norm,
-                   w.attn_output_norm_b, hp.norm_eps) if tail else None
-    if ffn_inp is None:
-        cur = _linear(w.attn_output, w.attn_output_b, kqv.reshape(S * T, E))
-        cap(f"kqv_out-{il}", cur.reshape(S, T, E))
-        cur = add(cur, flat)                                                  # re-add the layer input
-        ffn_inp = _norm(cur, w.attn_output_norm, w.attn_output_norm_b, hp.norm_eps)
+    q = _linear(w.attn_q, w.attn_q_b, flat).reshape(S, T, H, D)
+    k = _linear(w.attn_k, w.attn_k_b, flat).reshape(S, T, H, D)
+    v = _linear(w.attn_v, w.attn_v_b, flat).reshape(S, T, H, D)
+    cap(f"Qcur-{il}", q)
+    cap(f"Kcur-{il}", k)
+    cap(f"Vcur-{il}", v)
+    kqv = attention(q, k, v, mask, _scale(hp), cap, il)
+    cur = _linear(w.attn_output, w.attn_output_b, kqv.reshape(S * T, E))
+    cap(f"kqv_out-{il}", cur.reshape(S, T, E))
+    cur = add(cur, flat)                                                  # re-add the layer input
+    ffn_inp = _norm(cur, w.attn_output_norm, w.attn_output_norm_b, hp.norm_eps)
     cap(f"ffn_inp-{il}", ffn_inp.reshape(S, T, E))
     up = mul_mat(w.ffn_up, ffn_inp)
     cap(f"ffn_up-{il}", up.reshape(S, T, -1))
-    act = None
-    if tail and hp.act == "gelu" and w.ffn_up_b is not None:
-        from ..kernels.unary import bias_gelu_
-        act = bias_gelu_(up, w.ffn_up_b)                  # in place: up is this layer's own temporary
-    if act is None:
-        if w.ffn_up_b is not None:
-            up = add(up, device_constant(w.ffn_up_b))
-            cap(f"ffn_up_b-{il}", up.reshape(S, T, -1))
-        act = ACTS[hp.act](up)
+    if w.ffn_up_b is not None:
+        up = add(up, device_constant(w.ffn_up_b))
+        cap(f"ffn_up_b-{il}", up.reshape(S, T, -1))
+    act = ACTS[hp.act](up)
     cap(f"ffn_{hp.act}-{il}", act.reshape(S, T, -1))
     cur = mul_mat(w.ffn_down, act)
-    out = tail(cur, w.ffn_down_b, ffn_inp, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps) if tail else None
-    if out is None:
-        if w.ffn_down_b is not None:
-            cap(f"ffn_down-{il}", cur.reshape(S, T, E))
-            cur = add(cur, device_constant(w.ffn_down_b))
-        cap(f"ffn_out-{il}", cur.reshape(S, T, E))
-        cur = add(cur, ffn_inp)                                               # attention bypasses the FFN
-        out = _norm(cur, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps)
-    out = out.reshape(S, T, E)
+    if w.ffn_down_b is not None:
+        cap(f"ffn_down-{il}", cur.reshape(S, T, E))
+        cur = add(cur, device_constant(w.ffn_down_b))
+    cap(f"ffn_out-{il}", cur.reshape(S, T, E))
+    cur = add(cur, ffn_inp)                                               # attention bypasses the FFN
+    out = _norm(cur, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps).reshape(S, T, E)
     cap(f"l_out-{il}", out)
     return out
 
 
-def _blas_threads():
-    """On the Numba backend, the layers' BLAS calls run OpenBLAS's jobs on refimpl's threads, which sleep between
-    calls (kernels.blas_threads), so that no OpenBLAS worker spins beside the multi-threaded kernels that follow
-    each GEMM: MiniLM's long batch (2,016 tokens) 281-310 ms against 341-400 with OpenBLAS's workers, the short
-    one (480 tokens, 0.5-1.9 ms GEMMs, where the ~0.1 ms hand-off shows) 75-80 against 72-78. For every call of the
-    forward, not some: an OpenBLAS worker left spinning by one call would compete with the jobs of the next."""
-    if current_backend() != "numba":
-        return contextlib.nullcontext()
-    from ..kernels import blas_threads
-    return blas_threads.shared()
+def _scale(hp: HParams) -> float:
+    return 1.0 / float(np.sqrt(np.float32(hp.head_dim)))
 
 
-def _qkv_weights(w: Layer):
-    """(W, b): attn_q, attn_k, attn_v stacked into one (3n, n_embd) f32 matrix and their biases into one (3n,)
-    vector (None without biases), made once per layer and kept on it; None unless all three are f32 NumPy
-    matrices of one shape with all or none of the biases. For numerics="fast" without a capture: one
-    sgemm of three times the width instead of three (MiniLM's short batch: 1.3 against 2.1 ms a layer),
-    each output the f32 dot that fast mode's mul_mat computes for its own weight row. Costs one more copy
-    of the three matrices (1.8 MB a layer for MiniLM)."""
-    ws, bs = (w.attn_q, w.attn_k, w.attn_v), (w.attn_q_b, w.attn_k_b, w.attn_v_b)
-    cached = getattr(w, "_qkv", None)
-    if cached is not None and all(a is b for a, b in zip(cached[0], ws + bs)):
-        return cached[1]
-    fused = None
-    if all(type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2 and a.shape == ws[0].shape for a in ws):
-        if all(b is None for b in bs):
-            fused = (np.concatenate(ws), None)
-        elif all(type(b) is np.ndarray and b.dtype == np.float32 and b.shape == (a.shape[0],) for a, b in zip(ws, bs)):
-            fused = (np.concatenate(ws), np.concatenate(bs))
-    object.__setattr__(w, "_qkv", (ws + bs, fused))    # a frozen dataclass; the sources kept with the result
-    return fused
-
-
-def _fused_tail(cap, x):
-    """kernels.norm.add_norm_affine on the Numba backend in exact or fast numerics with no capture (the op
-    sequence bias add, residual add, norm, * w, + b in one pass, with its bits), else None: run the ops."""
-    if cap is _no_capture and current_backend() == "numba" and not ggml_numerics() and not on_device(x):
-        from ..kernels.norm import add_norm_affine
-        return add_norm_affine
-    return None
+def _layer_fused(x, w: Layer, hp: HParams, mask) -> np.ndarray:
+    """`layer` without captures: the same op sequence, as refimpl.ops.fused's ops."""
+    S, T, E = x.shape
+    H, D = hp.n_head, hp.head_dim
+    flat = x.reshape(S * T, E)
+    c = device_constant
+    if w.attn_qkv is not None:
+        kqv = attn_qkv(x, w.attn_qkv, w.attn_qkv_b, mask, _scale(hp), H)
+    else:
+        q, k, v = (mul_mat_add(wt, flat, c(b)).reshape(S, T, H, D)
+                   for wt, b in ((w.attn_q, w.attn_q_b), (w.attn_k, w.attn_k_b), (w.attn_v, w.attn_v_b)))
+        kqv = attn_mha(q, k, v, mask, _scale(hp))
+    ffn_inp = add_norm_affine(mul_mat(w.attn_output, kqv.reshape(S * T, E)), c(w.attn_output_b), flat,
+                              c(w.attn_output_norm), c(w.attn_output_norm_b), hp.norm_eps)
+    up = mul_mat(w.ffn_up, ffn_inp)
+    if w.ffn_up_b is not None and hp.act == "gelu":
+        act = add_gelu(up, c(w.ffn_up_b))
+    else:
+        act = ACTS[hp.act](up if w.ffn_up_b is None else add(up, c(w.ffn_up_b)))
+    out = add_norm_affine(mul_mat(w.ffn_down, act), c(w.ffn_down_b), ffn_inp, c(w.layer_output_norm),
+                          c(w.layer_output_norm_b), hp.norm_eps)
+    return out.reshape(S, T, E)
 
 
 def _batch(tokens) -> tuple[list[np.ndarray], bool]:
@@ -547,7 +500,7 @@ def _forward(model: BertModel, tokens, token_types=None, *, capture=None):
         ids[i, :len(s)] = s
     if ids.min() < 0 or ids.max() >= hp.n_vocab:
         raise ValueError(f"forward: token id out of range [0, {hp.n_vocab})")
-    cap = _capture(capture)
+    cap = capture_fn(capture)
     E = hp.n_embd
     x = get_rows(model.w("token_embd.weight"), ids.reshape(-1)).reshape(S, T, E)
     tt = model.w("token_types.weight")
@@ -567,7 +520,7 @@ def _forward(model: BertModel, tokens, token_types=None, *, capture=None):
     mask = key_mask(lengths, T)
     if gpu_mode():                            # uploaded once per batch, not once per layer
         mask = to_device(mask)
-    with _blas_threads():
+    with forward_scope(S * T, "encoder"):
         for il, w in enumerate(model.layers):
             x = layer(x, w, hp, mask, cap, il)
     cap("result_embd", x)
@@ -641,7 +594,7 @@ def embed_ids(model: BertModel, ids, pooling: str | None = "mean", normalize: bo
     if pooling not in POOLINGS:
         raise ValueError(f"pooling {pooling!r} is not one of {POOLINGS}")
     ids = [list(i) for i in ids]
-    cap = _capture(capture)
+    cap = capture_fn(capture)
     out = []
     for lo in range(0, len(ids), max(1, int(batch_size))):
         for h in _forward(model, ids[lo:lo + batch_size], capture=capture):

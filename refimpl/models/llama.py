@@ -12,77 +12,33 @@ The graph follows llama.cpp's `llm_build_llama`: rms_norm·attn_norm -> Q, K, V 
 softmax(K Q^T / sqrt(head_dim) + causal mask) -> V -> attn_output -> residual -> rms_norm·ffn_norm ->
 ffn_down(silu(ffn_gate x) * ffn_up x) -> residual; output_norm, then output (or token_embd when tied).
 
-Under `refimpl.backend("cuda")` (exact numerics) the activations are numba device arrays between ops: the
-weights are uploaded once (the kernels' `_device.weight`, keyed by the host array; norm gains and biases
-through `device_constant`), the KV cache moves to the device on its first store and stays there, the mask
-and positions are uploaded once per forward, and the copies between ops (permuted heads, cache rows) run
-as CUDA kernels (refimpl/kernels/cuda/movement.py). Only the logits come back to the host. The helpers
-below (`on_device` ... `permuted`) keep the NumPy code path exactly as it is; bert and rwkv use them too.
+Under `refimpl.backend("cuda")` (exact numerics) the activations are device arrays between ops: the backend
+uploads weights once (norm gains and biases through `device_constant`), the KV cache moves to the device on
+its first store and stays there, the mask and positions are uploaded once per forward, and the copies between
+ops (permuted heads, cache rows) run on the device. The model asks the backend's residency
+(`refimpl.dispatch.residency`) for these moves and imports no kernel; the helpers below (`gpu_mode` ...
+`permuted`) keep the NumPy code path exactly as it is; bert and rwkv use them too.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .. import gguf as _gguf
-from ..ops import (add, current_backend, current_numerics, get_rows, ggml_numerics, mul, mul_mat, rms_norm,
-                   rope_ext, soft_max_ext, swiglu)
+from ..dispatch import forward_scope
+from ..ops import add, get_rows, ggml_numerics, mul, mul_mat, rms_norm, rope_ext, soft_max_ext, swiglu
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
+from .common import (capture_fn, device_constant, gpu_mode, movement, on_device, permuted,  # noqa: F401
+                     to_device, to_host)
 
 A = Any  # np.ndarray or QTensor
 
-
-# -- the CUDA backend: device arrays between ops (nothing here imports Numba unless a device array is seen) ----
-
-def on_device(x) -> bool:
-    """x is a numba.cuda device array (the CUDA backend's activations; duck-typed, so Numba is not imported)."""
-    return hasattr(x, "copy_to_host") and hasattr(x, "shape")
-
-
-def gpu_mode() -> bool:
-    """Ops run CUDA kernels: backend "cuda" in exact numerics (numerics="ggml" runs the NumPy emulation)."""
-    return current_backend() == "cuda" and not ggml_numerics()
-
-
-def movement():
-    """refimpl.kernels.cuda.movement (imported on first use: it imports numba.cuda)."""
-    from ..kernels.cuda import movement as mv
-    return mv
-
-
-def to_host(x):
-    """A device array copied to NumPy; anything else unchanged."""
-    return x.copy_to_host() if on_device(x) else x
-
-
-def to_device(x):
-    """A host array uploaded (per call: for inputs such as masks and positions, never for weights)."""
-    from ..kernels.cuda import _device
-    return _device.to_device(x)
-
-
-def device_constant(w):
-    """A weight used as an element-wise operand (a norm gain, a bias): its device copy from the kernels'
-    upload-once cache (keyed by the host array, so `w` must be the model's own array, not a fresh view)
-    under gpu_mode(); `w` itself otherwise."""
-    if w is None or not gpu_mode():
-        return w
-    from ..kernels.cuda import _device
-    return _device.weight(w).data
-
-
-def permuted(x, axes):
-    """np.ascontiguousarray(x.transpose(axes)); a device array is permuted by a CUDA kernel."""
-    if on_device(x):
-        return movement().permute(x, axes)
-    return np.ascontiguousarray(x.transpose(axes))
 
 ROPE_NORMAL, ROPE_NEOX = 0, 2
 # The architectures this graph computes exactly as llama.cpp does, with llama.cpp's rope type for each
@@ -387,15 +343,6 @@ def new_cache(model: LlamaModel, n_ctx: int | None = None, dtype=None) -> KVCach
     return KVCache(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim, dtype)
 
 
-def _capture(capture) -> Callable[[str, np.ndarray], None]:
-    """A (name, array) callback; device arrays reach it as NumPy copies."""
-    if capture is None:
-        return lambda name, x: None
-    if callable(capture):
-        return lambda name, x: capture(name, to_host(x))
-    return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
-
-
 def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
     """(n_tokens, n_kv) f32: 0 where token t (at position pos+t) may attend to kv position j <= pos+t, else -inf."""
     j = np.arange(n_kv)[None, :]
@@ -490,17 +437,6 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     return out
 
 
-def _blas_threads(n_tokens: int):
-    """On the Numba backend, a prefill's BLAS calls run OpenBLAS's jobs on Numba's threads (kernels.blas_threads,
-    shared(omp=True)), the threads of the decode kernels: OpenBLAS's own workers spin ~0.1 s after a call and
-    took a core from the first decode steps after a prefill (SmolLM2, 2 threads: 30-110 ms a token instead of
-    12-19). Decode steps make no BLAS calls (one token: the fused kernels)."""
-    if current_backend() != "numba" or n_tokens <= 8:
-        return contextlib.nullcontext()
-    from ..kernels import blas_threads
-    return blas_threads.shared(omp=True)
-
-
 def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_only: bool = False) -> np.ndarray:
     """Run `tokens` (any number) after the cache's n_past tokens; returns logits (n_tokens, n_vocab) f32
     (only the last row with last_only=True) and advances the cache. Under the CUDA backend the logits are
@@ -511,7 +447,7 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
         raise ValueError("forward: no tokens")
     if tokens.min() < 0 or tokens.max() >= hp.n_vocab:
         raise ValueError(f"forward: token id out of range [0, {hp.n_vocab})")
-    cap = _capture(capture)
+    cap = capture_fn(capture)
     pos, T = cache.n_past, tokens.size
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)
@@ -519,7 +455,7 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
     positions = np.arange(pos, pos + T, dtype=np.int32)
     if gpu_mode():                            # uploaded once per forward, not once per layer
         mask, positions = to_device(mask), to_device(positions)
-    with _blas_threads(T):
+    with forward_scope(T, "decoder"):
         for il, w in enumerate(model.layers):
             x = layer(x, w, hp, cache, il, pos, mask, cap, positions)
     cache.n_past = pos + T

@@ -3,7 +3,7 @@
 Lists every op of ggml's enums (read from ggml-python, so an op added to ggml shows up as missing) with:
 implemented in refimpl, golden-tested against live ggml, tested on a non-contiguous input, and the
 source/weight types the golden tests used. The golden facts come from the log that the test suite writes
-when REFIMPL_COVERAGE_LOG is set; `--run` runs tests/golden to produce it.
+when REFIMPL_COVERAGE_LOG is set; `--run` runs tests/oracle to produce it.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     if a.run:
         path = path or os.path.join(tempfile.mkdtemp(), "ops-coverage.json")
         env = dict(os.environ, REFIMPL_COVERAGE_LOG=path)
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/golden"], env=env)
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/oracle"], env=env)
     if path and os.path.exists(path):
         with open(path) as f:
             log = json.load(f)

@@ -17,7 +17,7 @@ class StreamDecoder:
     bytes become U+FFFD exactly as in `decode`. The pieces are raw: no `clean_spaces` and no
     stripped space prefix (as llama.cpp's generation loop prints them)."""
 
-    def __init__(self, tokenizer: Tokenizer, special: bool = True):
+    def __init__(self, tokenizer, special: bool = True):      # any tokenizer of this package
         self.tokenizer = tokenizer
         self.special = special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")

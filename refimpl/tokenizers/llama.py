@@ -79,11 +79,9 @@ Only `refimpl.tokenizer` knows about `tokenizers`, and only when a BPE text is f
 """
 from __future__ import annotations
 
-import codecs
 import heapq
 import re
 from dataclasses import dataclass
-from os import PathLike
 from typing import Iterable, Sequence
 
 from .base import EOG_TEXTS, EOT_TEXTS, StreamDecoder  # noqa: F401

@@ -22,6 +22,8 @@ from refimpl.ops.attention import flash_attn_ext
 from refimpl.qtensor import quantize
 from refimpl.testing import assert_bits_equal, assert_nmse, tol
 
+pytestmark = pytest.mark.equivalence
+
 NMSE = tol("flash_attn_ext", "f32", "property").nmse
 
 

@@ -22,6 +22,8 @@ from refimpl.ops.matmul import VEC_DOT_TYPE
 from refimpl.testing import assert_nmse, nmse, tol
 from refimpl.types import traits
 
+pytestmark = pytest.mark.equivalence
+
 BOUND = tol("mul_mat", "*", "property").nmse
 TYPES = ["f32", "f16"] + sorted(traits(t).name for t in VEC_DOT_TYPE if traits(t).name not in ("f32", "f16"))
 FAMILIES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q6_K"]

@@ -28,6 +28,8 @@ from ..models.bert_tiny import write_tiny_bert_hf
 from ..models.rwkv_tiny import tiny_state_dict
 from ..models.tiny import write_tiny_llama
 
+pytestmark = pytest.mark.equivalence
+
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = tol("llama.check.numba", "*", "exact").nmse
 

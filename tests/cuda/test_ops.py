@@ -31,7 +31,8 @@ from numba import cuda  # noqa: E402  (after refimpl: tests/conftest.py has chos
 from refimpl.kernels.cuda import _device  # noqa: E402
 from refimpl.kernels.cuda import norm as knorm, rope as krope, rows as krows, softmax as ksm, unary as kun  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")     # NumPy scalar inf/nan in the simulator
+pytestmark = [pytest.mark.equivalence,      # NumPy scalar inf/nan in the simulator:
+              pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 MODULES = ("norm", "softmax", "rope", "rows", "unary")
 SPECIALS = [np.nan, -np.inf, np.inf, -0.0, 0.0, -10.0, 10.0, -9.99, 9.99, 1e-40, -3e38, 65519.0, 70000.0]

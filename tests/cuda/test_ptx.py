@@ -11,6 +11,8 @@ import pytest
 
 from refimpl.kernels.cuda import _FAMILIES
 
+pytestmark = pytest.mark.equivalence
+
 _SCRIPT = """
 import sys, types
 import numba.cuda.dispatcher as disp

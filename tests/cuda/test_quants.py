@@ -22,7 +22,7 @@ from refimpl.types import traits
 TYPES = sorted(DEQUANTIZERS)
 # the simulator runs the kernels' f32 arithmetic as NumPy scalars, which warn on inf/NaN as the reference
 # would without its np.errstate
-pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in scalar:RuntimeWarning")
+pytestmark = [pytest.mark.equivalence, pytest.mark.filterwarnings("ignore:.*encountered in scalar:RuntimeWarning")]
 
 F16_SPECIAL = [0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE12, 0x7BFF, 0x0001, 0x8000, 0x0000]
 F32_SPECIAL = [0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC01234, 0x7F7FFFFF, 0x00000001, 0x80000000, 0]

@@ -18,9 +18,12 @@ from hypothesis import given, settings, strategies as st
 
 from refimpl import GGMLShapeError
 from refimpl.kernels.cuda import _device
-from refimpl.ops.recurrent import _fma, rwkv_wkv6, rwkv_wkv7
+from refimpl.ops.recurrent import rwkv_wkv6, rwkv_wkv7
+from refimpl.rounding import fma32 as _fma
 from refimpl.testing import assert_bits_equal
 
+
+pytestmark = pytest.mark.equivalence
 
 @pytest.fixture(autouse=True)
 def hardware_fma(monkeypatch):

@@ -26,6 +26,8 @@ from refimpl.testing import assert_bits_equal, assert_nmse, named_cases, op_case
 refimpl.kernels.load()
 from refimpl.kernels import attention as k_attn, ssm as k_ssm  # noqa: E402
 
+pytestmark = pytest.mark.equivalence
+
 FA_NMSE = tol("flash_attn_ext", "f32", "property").nmse
 N_DRAWN = 30
 

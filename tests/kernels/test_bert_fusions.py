@@ -25,6 +25,8 @@ from refimpl.kernels.norm import add_norm_affine  # noqa: E402
 from refimpl.kernels.unary import bias_gelu_  # noqa: E402
 
 
+pytestmark = pytest.mark.equivalence
+
 def op_sequence(y, bias, res, w, b, eps):
     with refimpl.backend("numba"), np.errstate(all="ignore"):
         t = y if bias is None else add(y, bias)

@@ -14,6 +14,8 @@ import pytest
 
 from refimpl.kernels import blas_threads as bt
 
+pytestmark = pytest.mark.equivalence
+
 if not bt.available():
     pytest.skip("NumPy's BLAS has no openblas_set_threads_callback_function (not NumPy's OpenBLAS >= 0.3.27, "
                 "or REFIMPL_BLAS_THREADS=openblas)", allow_module_level=True)

@@ -13,6 +13,8 @@ from refimpl.dispatch import kernel_for  # noqa: E402
 from refimpl.quants import DEQUANTIZERS  # noqa: E402
 
 
+pytestmark = pytest.mark.property
+
 def _run(code, **env):
     e = {k: v for k, v in os.environ.items() if k != "REFIMPL_BACKEND"}
     e.update(env)

@@ -1,7 +1,7 @@
 """refimpl/kernels/faithful.py: mul_mat with numerics="ggml" under the numba backend against the NumPy
 emulation (refimpl/kernels/ggml/matmul.py, itself golden-tested bit for bit against ggml), bit for bit.
 
-Every weight type with a kernel: hypothesis cases of the golden test (tests/golden/test_faithful.py
+Every weight type with a kernel: hypothesis cases of the golden test (tests/oracle/test_faithful.py
 `faithful_cases`: weights quantized from drawn f32 values or random block bytes with finite scales; 1 to 8
 activation rows in f32 or already in the vec_dot type, random Q8 bytes with -128 levels included;
 broadcast batches, strided rows), then a matrix large enough for several threads, extreme levels (lane
@@ -25,7 +25,9 @@ from refimpl.qtensor import quantize  # noqa: E402
 from refimpl.quants import get_quantizer  # noqa: E402
 from refimpl.testing import block_rows  # noqa: E402
 from refimpl.types import GGMLType, type_traits  # noqa: E402
-from tests.golden.test_faithful import _ggml_mul_mat, _random_blocks, faithful_cases  # noqa: E402
+from tests.oracle.test_faithful import _ggml_mul_mat, _random_blocks, faithful_cases  # noqa: E402
+
+pytestmark = pytest.mark.equivalence
 
 TYPES = sorted((t for t, fn in QUANT_DOTS.items() if any(ref is fn for ref, *_ in kf._KERNELS)), key=int)
 N = max(10, settings().max_examples // 2)

@@ -13,6 +13,8 @@ from refimpl.ops.matmul import TILE_ROWS, VEC_DOT_TYPE  # noqa: E402
 from refimpl.testing import assert_bits_equal, assert_nmse, tol  # noqa: E402
 from refimpl.types import traits  # noqa: E402
 
+pytestmark = pytest.mark.equivalence
+
 TYPES = ["f32", "f16"] + sorted(traits(t).name for t in VEC_DOT_TYPE if t in kd.DECODABLE)
 
 

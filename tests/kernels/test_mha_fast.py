@@ -25,6 +25,8 @@ from refimpl.testing import assert_bits_equal  # noqa: E402
 refimpl.kernels.load()
 from refimpl.kernels.attention import mha_fast, mha_fast_qkv  # noqa: E402
 
+pytestmark = pytest.mark.equivalence
+
 
 def restated(q, k, v, mask, scale):
     """The contract of mha_fast in NumPy: (S, T, H, D), (S, N, H, D) x2 -> (S, T, H*D)."""

@@ -20,6 +20,8 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from refimpl.kernels import mkl  # noqa: E402
 
+pytestmark = pytest.mark.equivalence
+
 if not mkl.available():
     pytest.skip("the optional mkl wheel is not installed (or REFIMPL_MKL=0): refimpl[mkl]", allow_module_level=True)
 

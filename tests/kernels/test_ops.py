@@ -19,6 +19,8 @@ from refimpl import GGMLShapeError, QTensor  # noqa: E402
 from refimpl.ops import OPS  # noqa: E402
 from refimpl.testing import assert_bits_equal, assert_nmse, named_cases, op_cases, tol  # noqa: E402
 
+pytestmark = pytest.mark.equivalence
+
 OPS_WITH_KERNELS = ["rms_norm", "norm", "soft_max_ext", "rope_ext", "rope_ext_back", "get_rows", "silu", "gelu",
                     "sigmoid", "exp", "relu", "swiglu", "geglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
 N = max(10, settings().max_examples // 4)

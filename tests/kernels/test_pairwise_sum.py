@@ -16,6 +16,8 @@ from numba import njit  # noqa: E402
 from refimpl.kernels._common import pairwise_sum_f64  # noqa: E402
 
 
+pytestmark = pytest.mark.equivalence
+
 @njit(cache=False)
 def _sum(x, lo, n):
     return pairwise_sum_f64(x, lo, n)

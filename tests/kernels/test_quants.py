@@ -19,6 +19,8 @@ from refimpl.quants import DEQUANTIZERS, get_quantizer  # noqa: E402
 from refimpl.testing import BLOCK_KINDS, assert_bits_equal, block_bytes, block_rows, make_block  # noqa: E402
 from refimpl.types import traits  # noqa: E402
 
+pytestmark = pytest.mark.equivalence
+
 DECODE_TYPES = sorted(kd.DECODABLE)
 # (type, method) whose NumPy quantizer has a kernel (a method falls back to "ref" where ggml's agree)
 QUANT_CASES = sorted({(t, m) for ref, t, _ in kq._KERNELS for m in ("chunk", "ref", "cpu")

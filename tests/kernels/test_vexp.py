@@ -13,6 +13,8 @@ from refimpl.kernels import vexp  # noqa: E402
 from refimpl.testing import assert_bits_equal  # noqa: E402
 
 
+pytestmark = pytest.mark.equivalence
+
 def _ref(x):
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         return np.exp(x.astype(np.float64)).astype(np.float32)

@@ -24,6 +24,8 @@ from refimpl.convert import convert
 from refimpl.models import bert
 from refimpl.tokenizers.wordpiece import WordPieceTokenizer
 
+pytestmark = pytest.mark.golden
+
 DATA = Path(__file__).resolve().parents[1] / "golden_data"
 MAX_LEN = 256                          # the model's max_seq_length (sentence_bert_config.json)
 

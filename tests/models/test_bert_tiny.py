@@ -20,10 +20,13 @@ from refimpl import gguf
 from refimpl.convert import convert
 from refimpl.models import bert
 from refimpl.requantize import requantize
+from tests._oracles import require_llama_cpp
 
 from .bert_tiny import TEXTS, write_tiny_bert_hf
 
 pytest.importorskip("safetensors", reason="the safetensors package reads Hugging Face weights")
+
+pytestmark = pytest.mark.golden
 
 EPS32 = 2.0 ** -24          # f32 unit roundoff
 # Q8_0 stores each weight to within half a step of amax/127 of its block: relative error per matrix below
@@ -230,12 +233,11 @@ def test_quantize_notes_rows_that_are_not_whole_blocks_and_warns_on_quantized_so
     assert f.metadata["general.file_type"] == 2
 
 
+@pytest.mark.oracle
 def test_quantize_matches_llama_quantize(gguf_f32, tmp_path):
     """The quantized matrices are byte for byte what llama.cpp's own llama_model_quantize writes (which also
     quantizes token_embd: llama-quantize's policy, not refimpl's)."""
-    from refimpl.compare import llama_cpp_available      # found, not imported (its libggml stays out of here)
-    if not llama_cpp_available():
-        pytest.skip("llama-cpp-python is not installed (optional comparison)")
+    require_llama_cpp()
     for name, ftype in (("q8_0", 7), ("q4_0", 2)):
         theirs, ours = tmp_path / f"lq-{name}.gguf", tmp_path / f"rq-{name}.gguf"
         code = ("import ctypes, sys, llama_cpp\n"

@@ -16,6 +16,8 @@ from refimpl.testing import assert_nmse, nmse, tol
 # Writers: the byte layouts of karpathy/llama2.c export.py (legacy_export, version1_export, version2_export)
 # and tokenizer.py (export), written out here from the format description.
 
+pytestmark = pytest.mark.golden
+
 NAMES_V0 = ["token_embedding_table", "rms_att_weight", "wq", "wk", "wv", "wo", "rms_ffn_weight", "w1", "w2",
             "w3", "rms_final_weight"]
 NORMS = ["rms_att_weight", "rms_ffn_weight", "rms_final_weight"]

@@ -27,6 +27,8 @@ from refimpl.testing import assert_bits_equal, nmse, tol
 from .._models import smollm2_path
 from .tiny import write_tiny_llama
 
+pytestmark = pytest.mark.golden
+
 DATA = pathlib.Path(__file__).parent.parent / "golden_data"
 _T = np.load(DATA / "llama_tiny.npz", allow_pickle=False)
 TINY = {m["name"]: m for m in json.loads(str(_T["meta"]))["models"]}

@@ -15,6 +15,8 @@ from refimpl.testing import nmse, tol
 
 from .._models import smollm2_path
 
+pytestmark = pytest.mark.golden
+
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden_data" / "llama_logits_smollm2.npz"
 
 

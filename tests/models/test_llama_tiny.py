@@ -8,6 +8,8 @@ from refimpl.testing import assert_nmse, tol
 from .tiny import write_tiny_llama
 
 
+pytestmark = pytest.mark.property
+
 @pytest.fixture(scope="module", params=[dict(), dict(tied=True, n_head_kv=4), dict(wtype="q8_0", n_embd=64)],
             ids=["gqa-untied-f32", "mha-tied", "q8_0"])
 def model(request, tmp_path_factory):

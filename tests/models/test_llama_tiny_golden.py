@@ -25,6 +25,8 @@ from refimpl.testing import nmse, tol
 
 from .tiny import write_tiny_llama
 
+pytestmark = pytest.mark.golden
+
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden_data" / "llama_tiny.npz"
 _Z = np.load(GOLDEN, allow_pickle=False)
 META = json.loads(str(_Z["meta"]))

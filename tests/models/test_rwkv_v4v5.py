@@ -18,6 +18,8 @@ from refimpl.testing import nmse, tol
 
 from .rwkv_tiny import VERSIONS, tiny_state_dict, write_tiny_rwkv
 
+pytestmark = pytest.mark.golden
+
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden_data"
 STATE_KEYS = ("shift_att", "shift_ffn", "wkv")
 

@@ -26,6 +26,8 @@ from refimpl.testing import nmse, tol
 
 from .rwkv_tiny import tiny_state_dict
 
+pytestmark = pytest.mark.golden
+
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden_data"
 STATE_KEYS = ("shift_att", "shift_ffn", "wkv")
 

@@ -7,6 +7,8 @@ from refimpl import GGMLShapeError
 from refimpl.ops import flash_attn_ext, mul_mat, soft_max_ext
 from refimpl.testing import assert_nmse, tol
 
+pytestmark = pytest.mark.property
+
 TOL = tol("flash_attn_ext", "f32", "property").nmse
 
 

@@ -1,5 +1,5 @@
 """Properties of the conv family: convolutions against direct loops, adjoint pairs, pooling identities,
-resampling identities (golden comparisons live in tests/golden)."""
+resampling identities (golden comparisons live in tests/oracle)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +12,8 @@ from refimpl.ops.conv import (POOL_AVG, POOL_MAX, SCALE_FLAG_ALIGN_CORNERS, SCAL
                               im2col_back, interpolate, pool_1d, pool_2d, pool_2d_back, timestep_embedding, upscale)
 from refimpl.testing import assert_nmse
 from refimpl.testing.tolerances import tol
+
+pytestmark = pytest.mark.property
 
 seeds = st.integers(0, 2**32 - 1)
 

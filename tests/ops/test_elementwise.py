@@ -14,6 +14,8 @@ from refimpl.ops.elementwise import gelu_table
 from refimpl.rounding import fma32 as _fma
 from refimpl.testing import tol
 
+pytestmark = pytest.mark.property
+
 f32 = np.float32
 shapes = st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple)
 

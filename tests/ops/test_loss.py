@@ -8,6 +8,8 @@ from refimpl.ops import cross_entropy_loss, cross_entropy_loss_back
 from refimpl.testing import assert_nmse, tol
 
 
+pytestmark = pytest.mark.property
+
 @st.composite
 def _logits_labels(draw):
     shp = tuple(draw(st.integers(1, 4)) for _ in range(draw(st.integers(0, 2)))) + (draw(st.integers(1, 300)),)

@@ -1,4 +1,4 @@
-"""Properties of mul_mat, mul_mat_id, out_prod, solve_tri (golden comparisons live in tests/golden)."""
+"""Properties of mul_mat, mul_mat_id, out_prod, solve_tri (golden comparisons live in tests/oracle)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +12,8 @@ from refimpl.testing import assert_nmse
 from refimpl.testing.cases.matmul import WEIGHT_TYPES, weight
 from refimpl.testing.tolerances import tol
 from refimpl.types import GGMLType, type_traits
+
+pytestmark = pytest.mark.property
 
 seeds = st.integers(0, 2**32 - 1)
 

@@ -13,6 +13,8 @@ from refimpl.ops import (acc, cast, concat, cont, cpy, diag, diag_mask_inf, diag
                          reshape, roll, set, set_rows, transpose, view, win_part, win_unpart)
 from refimpl.testing import assert_bits_equal
 
+pytestmark = pytest.mark.property
+
 shape4 = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple)      # NumPy order
 
 

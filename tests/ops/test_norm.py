@@ -8,6 +8,8 @@ from refimpl.ops import group_norm, l2_norm, norm, rms_norm, rms_norm_back
 from refimpl.testing import assert_nmse, f32_tensor, ggml_ne, tol
 
 
+pytestmark = pytest.mark.property
+
 def _close(actual, expected, what):
     expected = np.broadcast_to(np.asarray(expected, np.float64), np.shape(actual))
     assert_nmse(actual, expected, tol(what, "f32", "property").nmse, what)

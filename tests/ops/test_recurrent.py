@@ -13,6 +13,8 @@ from refimpl.ops import gated_delta_net, gated_linear_attn, rwkv_wkv6, rwkv_wkv7
 from refimpl.testing import assert_bits_equal, assert_nmse, tol
 
 
+pytestmark = pytest.mark.property
+
 def _u(rng, *shape, lo=-1.0, hi=1.0):
     return rng.uniform(lo, hi, shape).astype(np.float32)
 

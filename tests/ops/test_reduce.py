@@ -8,6 +8,8 @@ from hypothesis import given, strategies as st
 from refimpl import GGMLShapeError
 from refimpl.ops import argmax, count_equal, cumsum, mean, sum as ggml_sum, sum_rows
 
+pytestmark = pytest.mark.property
+
 f32 = np.float32
 shapes = st.lists(st.integers(1, 40), min_size=1, max_size=4).map(tuple)
 

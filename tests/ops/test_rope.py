@@ -8,6 +8,8 @@ from refimpl.ops import rope_ext, rope_ext_back, rope_multi, rope_multi_back
 from refimpl.ops.rope import ROPE_TYPE_IMROPE, ROPE_TYPE_MROPE, ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, rope_cache
 from refimpl.testing import assert_nmse, tol
 
+pytestmark = pytest.mark.property
+
 TOL = tol("rope_ext", "f32", "property").nmse
 
 

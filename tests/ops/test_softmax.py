@@ -9,6 +9,8 @@ from refimpl.ops.softmax import alibi_slopes
 from refimpl.testing import assert_nmse, tol
 
 
+pytestmark = pytest.mark.property
+
 def _tol(what="soft_max_ext"):
     return tol(what, "f32", "property").nmse
 

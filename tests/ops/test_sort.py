@@ -9,6 +9,8 @@ from refimpl.ops.sort import SORT_ORDER_ASC, SORT_ORDER_DESC
 from refimpl.testing import ggml_ne
 
 
+pytestmark = pytest.mark.property
+
 @st.composite
 def rows(draw):
     """f32 tensors (NumPy order) whose rows often tie: few distinct values, +0 and -0, +-inf."""

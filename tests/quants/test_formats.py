@@ -14,6 +14,8 @@ import refimpl
 from refimpl import GGMLType as T
 from refimpl.testing import BLOCK_KINDS, assert_bits_equal, block_rows, make_block, qtensors
 
+pytestmark = pytest.mark.property
+
 TYPES = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1, T.Q1_0, T.MXFP4, T.NVFP4,
          T.TQ1_0, T.TQ2_0]
 # the entry points ggml has for each type (chunk: no Q8_1; cpu: the types with a CPU from_float)

@@ -18,6 +18,8 @@ from refimpl.quants.iq_tables import TABLE_SPECS, TABLES, probe
 from refimpl.testing import assert_bits_equal, block_rows, qtensors
 from refimpl.types import GGMLType, traits
 
+pytestmark = pytest.mark.property
+
 DEQ_TYPES = [GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
              GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS]
 QUANT_CASES = [(GGMLType.IQ4_NL, m) for m in ("chunk", "ref", "cpu")] + \

@@ -9,6 +9,8 @@ from refimpl.quants import get_quantizer
 from refimpl.testing import assert_bits_equal, block_rows, make_block
 from refimpl.types import GGMLType
 
+pytestmark = pytest.mark.property
+
 TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S, GGMLType.IQ1_M]
 REF_TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S]     # IQ1_M has no quantize_row_*_ref
 

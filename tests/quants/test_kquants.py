@@ -15,6 +15,8 @@ import refimpl
 from refimpl import GGMLType as T
 from refimpl.testing import BLOCK_KINDS, assert_bits_equal, block_rows, make_block, qtensors
 
+pytestmark = pytest.mark.property
+
 K_TYPES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 TYPES = K_TYPES + [T.Q8_K]
 METHODS = {t: ["chunk", "ref", "cpu"] for t in K_TYPES}

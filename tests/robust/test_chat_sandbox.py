@@ -21,6 +21,8 @@ from refimpl.chat import ChatTemplateError, render  # noqa: E402
 
 from ._fuzz import examples, record  # noqa: E402
 
+pytestmark = pytest.mark.property
+
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
             {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3? 😀"}]
 

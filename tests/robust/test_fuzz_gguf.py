@@ -27,6 +27,8 @@ from ._fuzz import examples, run_case
 
 # -- the valid file every case starts from ---------------------------------------------------------------
 
+pytestmark = pytest.mark.property
+
 INT_TYPES = {VT.UINT8: np.uint8, VT.INT8: np.int8, VT.UINT16: np.uint16, VT.INT16: np.int16,
              VT.UINT32: np.uint32, VT.INT32: np.int32, VT.UINT64: np.uint64, VT.INT64: np.int64}
 

@@ -23,6 +23,8 @@ from refimpl.models.llama2c import Llama2cError
 from ..models.test_llama2c import PIECES, SCORES, V, random_weights, write_checkpoint, write_tokenizer
 from ._fuzz import examples, run_case
 
+pytestmark = pytest.mark.property
+
 CFG = dict(dim=8, hidden_dim=12, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=V, seq_len=4)
 BASES = [(0, False), (0, True), (1, False), (1, True), (2, False), (2, True)]   # (version, shared)
 

@@ -26,6 +26,8 @@ from refimpl.gguf import GGUFError
 from ..models.tiny import byte_level_vocab
 from ._fuzz import examples, run_case
 
+pytestmark = pytest.mark.property
+
 TEXTS = ["Hello world", " a  b\n\tc ", "héllo wörld 日本語 🦙", "<|im_start|>user\nhi<|im_end|>", "",
          "\x00\x7f\u2581 <0x41>"]
 

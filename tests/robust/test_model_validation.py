@@ -22,6 +22,8 @@ from refimpl.models import llama
 from ..models.tiny import write_tiny_llama
 from ._fuzz import examples, run_case
 
+pytestmark = pytest.mark.property
+
 DIMS = dict(n_vocab=96, n_embd=16, n_layer=1, n_head=4, n_head_kv=2, n_ff=24)
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.property
+
 PACKAGE = Path(__file__).resolve().parents[2] / "refimpl"
 
 # (file relative to the repository, call): why it is safe

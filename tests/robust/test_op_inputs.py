@@ -34,6 +34,8 @@ from refimpl.testing.cases import op_cases, ops_with_cases
 
 from ._fuzz import PROFILE, SECONDS, record
 
+pytestmark = pytest.mark.property
+
 EXAMPLES = 25 if PROFILE == "ci" else 4
 
 # Ops whose result is defined on the input's memory, not its values: ggml_view takes byte strides and an

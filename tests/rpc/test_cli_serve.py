@@ -11,6 +11,8 @@ import pytest
 
 from refimpl.rpc import Client
 
+pytestmark = pytest.mark.property
+
 REFIMPL = str(Path(sys.executable).parent / "refimpl")
 
 

@@ -19,6 +19,8 @@ from refimpl.rpc.protocol import MAX_SRC, TENSOR_SIZE, U8, U32, U64, Cmd
 
 from ..robust._fuzz import examples
 
+pytestmark = pytest.mark.property
+
 T = Client.tensor
 COUNTS: dict = collections.Counter()
 

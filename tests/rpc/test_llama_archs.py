@@ -1,9 +1,12 @@
 """llama.cpp's architectures that refimpl has no model code for, offloaded to refimpl serve: tiny random GGUFs from
 llama.cpp's own test-llama-archs (scripts/llama_archs.py runs all 128; docs/llama-archs.md has the table), a
 sample of them here in ggml numerics, against ggml's own ggml-rpc-server (CPU backend, one thread)."""
+import pytest
 import sys
 
 from . import _vendor
+
+pytestmark = pytest.mark.oracle
 
 IDENTICAL = ["qwen3-dense", "gemma3-dense", "gemma2-dense", "phi3-dense", "deepseek2-moe", "gpt2-dense",
              "falcon-dense", "qwen3moe-moe", "llama4-moe", "olmo2-dense", "starcoder2-dense", "chatglm-dense"]

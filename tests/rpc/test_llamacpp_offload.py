@@ -18,6 +18,8 @@ from refimpl.rpc import Server
 
 from . import _vendor
 
+pytestmark = pytest.mark.oracle
+
 CHAT = {"smollm2": "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
         "gemma3": "<start_of_turn>user\nWhat is the boiling point of water?<end_of_turn>\n<start_of_turn>model\n"}
 PROMPTS = [

@@ -1,5 +1,6 @@
 """The server's op table against the ggml.h it claims to speak: a version change fails here, loudly,
 instead of computing the wrong op."""
+import pytest
 import re
 
 import numpy as np
@@ -9,6 +10,8 @@ from refimpl.rpc.server import WIRE_TYPES
 
 from . import _vendor
 
+
+pytestmark = pytest.mark.property
 
 def test_op_enums_are_ggml_0_25_3s():
     h = _vendor.read("ggml/include/ggml.h")

@@ -10,6 +10,8 @@ import pytest
 from refimpl.rpc import Client
 from refimpl.rpc.protocol import TENSOR_SIZE, Cmd
 
+pytestmark = pytest.mark.property
+
 T = Client.tensor
 
 

@@ -51,3 +51,6 @@ def load() -> None:
             failed.append(f"{name}: {e}")
     if failed:
         raise ImportError("; ".join(failed))
+    from ...dispatch import register_residency
+    from . import residency
+    register_residency("cuda", residency)

@@ -39,14 +39,12 @@ blocks.0.ln0, llama.cpp's tok_norm) and each version's own, listed in its module
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import numpy as np
 
-from ...ops import add, mul, norm
 from ...ops import mul_mat
-from ..llama import gpu_mode, to_host
+from ..common import capture_fn, gpu_mode, to_host
+from ..common import layer_norm as common_layer_norm
 from .model import HParams, RwkvModel
 from .state import RwkvState
 
@@ -79,11 +77,6 @@ def new_state(model: RwkvModel) -> RwkvState:
     return RwkvState.zeros(model.version, hp.n_layer, hp.n_embd, hp.n_head, hp.head_size)
 
 
-def _capture(capture) -> Callable[[str, np.ndarray], None]:
-    from .v6 import capture_fn
-    return capture_fn(capture)
-
-
 def _check_state(model: RwkvModel, state: RwkvState) -> None:
     hp = model.hparams
     if not isinstance(state, RwkvState) or state.version != model.version:
@@ -105,7 +98,7 @@ def _module(version: int):
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """torch's LayerNorm over the last axis as ggml ops: norm(x, eps) * weight + bias (llama.cpp's LLM_NORM)."""
     from .v6 import flat
-    return add(mul(norm(x, eps), flat(weight)), flat(bias))
+    return common_layer_norm(x, flat(weight), flat(bias), eps)
 
 
 def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=None, all_logits: bool = False):
@@ -126,7 +119,7 @@ def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=No
     _check_state(model, state)
     if gpu_mode():                            # the state lives on the device from here on (uploaded once)
         state = state.to_device()
-    cap = _capture(capture)
+    cap = capture_fn(capture)
     x, state = _module(model.version).forward_seq(model, tokens, state, cap)
     if not all_logits:
         x = x[-1:]

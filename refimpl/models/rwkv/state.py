@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...dispatch import device_of, on_device, to_host
+
 
 @dataclass
 class RwkvState:
@@ -41,23 +43,23 @@ class RwkvState:
         return cls(version, np.zeros((n_layer, n_embd), np.float32), np.zeros((n_layer, n_embd), np.float32), wkv)
 
     def copy(self) -> "RwkvState":
-        if _on_device(self.wkv):
-            from ...kernels.cuda.movement import clone
+        if on_device(self.wkv):
+            clone = device_of(self.wkv).clone
             return RwkvState(self.version, clone(self.shift_att), clone(self.shift_ffn), clone(self.wkv))
         return RwkvState(self.version, self.shift_att.copy(), self.shift_ffn.copy(), self.wkv.copy())
 
     def to_device(self) -> "RwkvState":
         """This state with device arrays (uploaded once; itself when already there)."""
-        if all(_on_device(a) for a in (self.shift_att, self.shift_ffn, self.wkv)):
+        if all(on_device(a) for a in (self.shift_att, self.shift_ffn, self.wkv)):
             return self
-        from ...kernels.cuda._device import to_device
-        return RwkvState(self.version, to_device(self.shift_att), to_device(self.shift_ffn), to_device(self.wkv))
+        up = device_of().upload
+        return RwkvState(self.version, up(self.shift_att), up(self.shift_ffn), up(self.wkv))
 
     def to_host(self) -> "RwkvState":
         """This state with NumPy arrays (itself when already there)."""
-        if not any(_on_device(a) for a in (self.shift_att, self.shift_ffn, self.wkv)):
+        if not any(on_device(a) for a in (self.shift_att, self.shift_ffn, self.wkv)):
             return self
-        return RwkvState(self.version, *(_host(a) for a in (self.shift_att, self.shift_ffn, self.wkv)))
+        return RwkvState(self.version, *(to_host(a) for a in (self.shift_att, self.shift_ffn, self.wkv)))
 
     def save(self, path) -> None:
         """Write the state to an .npz file (no pickle)."""
@@ -71,14 +73,5 @@ class RwkvState:
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, RwkvState) and self.version == other.version
-                and all(np.array_equal(_host(getattr(self, k)), _host(getattr(other, k)), equal_nan=True)
+                and all(np.array_equal(to_host(getattr(self, k)), to_host(getattr(other, k)), equal_nan=True)
                         for k in ("shift_att", "shift_ffn", "wkv")))
-
-
-def _on_device(x) -> bool:
-    """A numba.cuda device array (duck-typed: Numba is not imported for NumPy states)."""
-    return hasattr(x, "copy_to_host") and hasattr(x, "shape")
-
-
-def _host(x):
-    return x.copy_to_host() if _on_device(x) else x

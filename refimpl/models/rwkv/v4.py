@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops import add, concat, exp, get_rows, mul, mul_mat, relu, scale, sigmoid, sqr
-from ..llama import device_constant, gpu_mode, on_device, to_host
+from ..common import device_constant, gpu_mode, on_device, to_host
 from . import RwkvModel, layer_norm
 from .state import RwkvState
 from .v6 import derived, flat, put

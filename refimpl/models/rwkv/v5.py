@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops import add, exp, get_rows, mul, mul_mat, norm, relu, rwkv_wkv6, scale, sigmoid, silu, sqr
-from ..llama import device_constant, to_host
+from ..common import device_constant, to_host
 from . import RwkvModel, layer_norm
 from .state import RwkvState
 from .v4 import _mix, _shift

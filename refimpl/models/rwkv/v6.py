@@ -60,7 +60,8 @@ from ...ops import (add, concat, exp, get_rows, mul, neg, norm, relu, rwkv_wkv6,
                     sqr, sub, tanh)
 from ...ops import mul_mat
 from ...qtensor import QTensor, dequantize
-from ..llama import device_constant, gpu_mode, movement, on_device, permuted, to_host
+from ..common import capture_fn, device_constant, gpu_mode, movement, on_device, permuted, to_host  # noqa: F401
+from ..common import layer_norm as common_layer_norm
 from .state import RwkvState
 
 GROUP_NORM_EPS = 64e-5        # ln_x: llama.cpp and BlinkDL both use 64e-5 (the head-wise group norm)
@@ -75,19 +76,19 @@ _DERIVED: dict[tuple, object] = {}
 def derived(sources, kind: str, fn: Callable):
     """fn() for the weight(s) `sources`: under gpu_mode() computed once per (kind, source arrays) and kept,
     so the kernels' weight cache (keyed by the host array) uploads it once; else computed on every call,
-    exactly as before. The entry is dropped when the first source is freed."""
+    exactly as before. The entry holds weak references to its sources, is served only while they are the same
+    objects, and is dropped when any of them is freed (so a later array reusing an id never gets it)."""
     if not gpu_mode():
         return fn()
     srcs = sources if isinstance(sources, tuple) else (sources,)
     key = (kind,) + tuple(id(s) for s in srcs)
     hit = _DERIVED.get(key)
-    if hit is None:
-        hit = _DERIVED[key] = fn()
-        try:
-            weakref.finalize(srcs[0], _DERIVED.pop, key, None)
-        except TypeError:             # a source without weak references: kept for the process
-            pass
-    return hit
+    if hit is None or not all(r() is x for r, x in zip(hit[0], srcs)):
+        refs = tuple(weakref.ref(x) for x in srcs)     # ndarrays and QTensors: every weight takes a weak reference
+        hit = _DERIVED[key] = (refs, fn())
+        for x in srcs:                                 # dropped when any source is freed, before its id is reused
+            weakref.finalize(x, _DERIVED.pop, key, None)
+    return hit[1]
 
 
 def put(dst, i, value) -> None:
@@ -106,16 +107,6 @@ def broadcast(x, shape):
 
 
 # -- helpers shared with v7 -----------------------------------------------------------------------------
-
-def capture_fn(capture) -> Callable[[str, np.ndarray], None]:
-    """A `(name, array)` callback from `capture` (None, a dict, or a callable); device arrays reach it as
-    NumPy copies."""
-    if capture is None:
-        return lambda name, x: None
-    if callable(capture):
-        return lambda name, x: capture(name, to_host(x))
-    return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
-
 
 def vec(x) -> np.ndarray:
     """A stored vector ((1, 1, n) or (n,), any float type or a QTensor) as a flat f32 array (n,); under
@@ -163,8 +154,8 @@ def _lora_t(x) -> np.ndarray:
 
 
 def layer_norm(x: np.ndarray, w, b, eps: float) -> np.ndarray:
-    """llama.cpp's LLM_NORM: ggml_norm over n_embd, then mul by the weight and add the bias."""
-    return add(mul(norm(x, eps), vec(w)), vec(b))
+    """llama.cpp's LLM_NORM (models.common.layer_norm) with the weight and bias as flat vectors."""
+    return common_layer_norm(x, vec(w), vec(b), eps)
 
 
 def token_shift(xn: np.ndarray, last: np.ndarray) -> np.ndarray:

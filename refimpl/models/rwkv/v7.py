@@ -50,7 +50,7 @@ import numpy as np
 from ...ops import (add, exp, l2_norm, mul, neg, relu, rwkv_wkv7, scale, sigmoid, sqr, sub, sum_rows, tanh)
 from ...ops import mul_mat
 from .state import RwkvState
-from ..llama import device_constant
+from ..common import device_constant
 from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, _vec, broadcast, capture_fn, check_tokens, derived, dims, embed,
                  group_norm_heads, hparam, layer_norm, lora_t, mat, put, token_shift, vec)
 

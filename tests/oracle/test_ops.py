@@ -14,6 +14,8 @@ from refimpl.testing.golden import compare
 
 # hypothesis examples per op: every example runs ggml in a forked process, so with ~130 ops the CI
 # profile's 300 would take ~15 minutes; 100 per op (plus the named cases) keeps CI near 10.
+pytestmark = pytest.mark.oracle
+
 OP_EXAMPLES = int(os.environ.get("REFIMPL_OP_EXAMPLES", "100" if os.environ.get("CI") else "40"))
 
 

@@ -1,3 +1,4 @@
+import pytest
 """Every op of the pinned ggml's enums is implemented and has golden cases, or is a listed exclusion.
 
 Read from ggml-python's enums, so an op added to ggml shows up here as a failure.
@@ -6,6 +7,8 @@ from refimpl.ops import OPS
 from refimpl.testing.cases import ops_with_cases, ops_with_named
 from refimpl.testing.coverage import EXCLUDED, ggml_ops
 
+
+pytestmark = pytest.mark.oracle
 
 def test_every_in_scope_ggml_op_is_implemented_and_golden_tested(ggml):
     tested = set(ops_with_cases()) | set(ops_with_named())

@@ -20,6 +20,8 @@ from refimpl.testing.tolerances import tol
 from refimpl.types import GGMLType, type_traits
 
 # ggml-python's build has no llamafile sgemm: its numerics profile is "ggml-nollamafile"
+pytestmark = pytest.mark.oracle
+
 GGML_PY = "ggml-nollamafile"
 
 FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)

@@ -1,0 +1,123 @@
+"""Fusions the models call: each op's NumPy body is literally the sequence of ggml ops it stands for
+(tests/ops/test_fused.py checks the bits against that sequence), so the reference still reads as the math,
+and backends register one-pass kernels for them (refimpl/kernels/norm.py, unary.py, attention.py). None is
+a ggml op: `covers=()`.
+
+    mul_mat_add      ggml_add(ggml_mul_mat(w, x), bias)                    a projection and its bias
+    add_gelu         ggml_gelu(ggml_add(x, bias))                          BERT's FFN up bias and activation
+    add_norm_affine  ggml_add(ggml_mul(ggml_norm(x + bias + residual), w), b)   BERT's post-norm residual
+    attn_mha         kq = mul_mat(K, Q); soft_max_ext; kqv = mul_mat(V^T, kq)   llama.cpp's build_attn_mha
+    attn_qkv         attn_mha on the Q, K, V projections of one stacked weight
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dispatch import op
+from .elementwise import add, gelu, mul
+from .matmul import mul_mat
+from .norm import norm
+from .softmax import soft_max_ext
+
+
+@op("mul_mat_add", covers=())
+def mul_mat_add(a, b, bias=None) -> np.ndarray:
+    """ggml_add(ctx, ggml_mul_mat(ctx, a, b), bias): a projection with its bias (llama.cpp's build_lora_mm, then
+    ggml_add of the `.bias` tensor).
+
+    a     ne [k, n]   numpy (n, k)   the weight, any mul_mat type
+    b     ne [k, m]   numpy (m, k)   f32 activations, e.g. (n_tokens, n_embd)
+    bias  ne [n]      numpy (n,)     f32, or None (then this is mul_mat)
+    out   ne [n, m]   numpy (m, n)   f32
+
+    Kernels: kernels/unary.py (numba: the bias added in place on the product it owns)."""
+    y = mul_mat(a, b)
+    return y if bias is None else add(y, bias)
+
+
+@op("add_gelu", covers=())
+def add_gelu(a, bias) -> np.ndarray:
+    """ggml_gelu(ctx, ggml_add(ctx, a, bias)): BERT's FFN up projection's bias, then GELU (ggml's f16 table).
+
+    a     ne [n, m]   numpy (m, n)   f32, rows contiguous
+    bias  ne [n]      numpy (n,)     f32
+    out   ne [n, m]   numpy (m, n)   f32
+
+    Kernels: kernels/unary.py (numba: one pass)."""
+    return gelu(add(a, bias))
+
+
+@op("add_norm_affine", covers=())
+def add_norm_affine(a, bias, residual, w, b, eps: float) -> np.ndarray:
+    """llama.cpp's build_norm(LLM_NORM) after a projection's bias and the residual, as BERT's layers run it:
+
+        cur = a + bias (bias may be None);  cur = cur + residual (may be None);  out = norm(cur, eps) * w + b
+
+    a, residual  ne [n, m]   numpy (m, n)   f32
+    bias, w, b   ne [n]      numpy (n,)     f32
+    out          ne [n, m]   numpy (m, n)   f32
+
+    Kernels: kernels/norm.py (numba: one pass, every f32 rounding of the sequence in its order)."""
+    cur = a if bias is None else add(a, bias)
+    if residual is not None:
+        cur = add(cur, residual)
+    return add(mul(norm(cur, eps), w), b)
+
+
+@op("attn_mha", covers=())
+def attn_mha(q, k, v, mask, scale: float) -> np.ndarray:
+    """llama.cpp's attention without flash attention (build_attn_mha), heads concatenated:
+
+        kq = mul_mat(K, Q)  ne [n_kv, n_tokens, n_head, n_seq];  kq = soft_max_ext(kq, mask, scale)
+        kqv = mul_mat(V^T, kq)  ne [head_dim, n_tokens, n_head, n_seq];  out = kqv permuted to tokens first
+
+    q        ne [head_dim, n_head, n_tokens, n_seq]   numpy (n_seq, n_tokens, n_head, head_dim)   f32
+    k, v     ne [head_dim, n_head, n_kv, n_seq]       numpy (n_seq, n_kv, n_head, head_dim)       f32
+    mask     ne [n_kv, >= n_tokens, 1, n_seq]         numpy (n_seq, 1, >= n_tokens, n_kv)          f32, or None
+    out      ne [n_head*head_dim, n_tokens, n_seq]    numpy (n_seq, n_tokens, n_head*head_dim)    f32
+
+    Q stays a permuted view as ggml's permute is (llama.cpp's build then takes vec_dot for kq, not llamafile's
+    sgemm: that rule reads src1's strides). Kernels: kernels/attention.py (numba, numerics="fast": one pass)."""
+    S, T, H, D = q.shape
+    qh = np.asarray(q).transpose(0, 2, 1, 3)                              # (S, H, T, D)     ne [D, T, H, S]
+    kh = np.ascontiguousarray(np.asarray(k).transpose(0, 2, 1, 3))        # (S, H, n_kv, D)  ne [D, n_kv, H, S]
+    kq = soft_max_ext(mul_mat(kh, qh), mask, scale, 0.0)                  # (S, H, T, n_kv)  ne [n_kv, T, H, S]
+    vt = np.ascontiguousarray(np.asarray(v).transpose(0, 2, 3, 1))        # (S, H, D, n_kv)  ne [n_kv, D, H, S]
+    kqv = mul_mat(vt, kq)                                                 # (S, H, T, D)     ne [D, T, H, S]
+    return np.ascontiguousarray(kqv.transpose(0, 2, 1, 3)).reshape(S, T, H * D)
+
+
+@op("attn_qkv", covers=())
+def attn_qkv(x, wqkv, bqkv, mask, scale: float, n_head: int) -> np.ndarray:
+    """attn_mha on the Q, K and V projections of x, with the three weights stacked into one (`stack_qkv`):
+
+        q, k, v = mul_mat_add(wqkv[i*n:(i+1)*n], x, bqkv[i*n:(i+1)*n]) for i = 0, 1, 2   (n = n_head*head_dim)
+
+    x     ne [n_embd, n_tokens, n_seq]   numpy (n_seq, n_tokens, n_embd)   f32
+    wqkv  ne [n_embd, 3n]                numpy (3n, n_embd)                f32: attn_q, attn_k, attn_v rows
+    bqkv  ne [3n]                        numpy (3n,)                       f32, or None
+    out   ne [n, n_tokens, n_seq]        numpy (n_seq, n_tokens, n)        f32
+
+    Kernels: kernels/attention.py (numba, numerics="fast": one product of the stacked weight, attention on its
+    planes: each output is the f32 dot fast mode's mul_mat computes for its own weight row)."""
+    S, T, E = x.shape
+    n = wqkv.shape[0] // 3
+    flat = np.asarray(x).reshape(S * T, E)
+    q, k, v = (mul_mat_add(wqkv[i * n:(i + 1) * n], flat, None if bqkv is None else bqkv[i * n:(i + 1) * n])
+               .reshape(S, T, n_head, n // n_head) for i in range(3))
+    return attn_mha(q, k, v, mask, scale)
+
+
+def stack_qkv(wq, bq, wk, bk, wv, bv):
+    """(wqkv, bqkv) for attn_qkv: the three f32 weights (n, n_embd) stacked into one (3n, n_embd) matrix and
+    their biases into one (3n,) vector (None without biases); None unless all three weights are f32 NumPy
+    matrices of one shape with all or none of the biases. A model stacks them once, when it is loaded."""
+    ws, bs = (wq, wk, wv), (bq, bk, bv)
+    if not all(type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2 and a.shape == ws[0].shape
+               for a in ws):
+        return None
+    if all(b is None for b in bs):
+        return np.concatenate(ws), None
+    if all(type(b) is np.ndarray and b.dtype == np.float32 and b.shape == (a.shape[0],) for a, b in zip(ws, bs)):
+        return np.concatenate(ws), np.concatenate(bs)
+    return None
