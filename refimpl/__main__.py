@@ -555,8 +555,9 @@ def _add_model_options(s):
     s.add_argument("--backend", choices=["numpy", "numba", "cuda"], default=None,
                    help="op implementations (default: numba when installed, else numpy; or $REFIMPL_BACKEND)")
     s.add_argument("--threads", type=int, default=None, help="threads for the numba kernels")
-    s.add_argument("--numerics", choices=["exact", "ggml", "fast"], default=None,
-                   help="exact (f32/f64, the default), ggml (the CPU backend's roundings, where implemented) or "
+    s.add_argument("--numerics", choices=["exact", "ggml", "ggml-nollamafile", "fast"], default=None,
+                   help="exact (f32/f64, the default), ggml (llama.cpp's CPU roundings, where implemented), "
+                        "ggml-nollamafile (the same without llamafile's sgemm, as ggml-python builds it) or "
                         "fast (exact, but mul_mat sums in f32 in the fastest order)")
     s.add_argument("--seed", type=int, default=None,
                    help="random seed (of the sampler in generate / chat; unused by deterministic commands)")
@@ -771,8 +772,9 @@ def main(argv=None) -> int:
     s.add_argument("--port", type=int, default=50052, help="TCP port (default 50052, ggml's rpc-server's)")
     s.add_argument("--backend", choices=["numpy", "numba"], default=None,
                    help="refimpl backend for the ops (default: numba when installed, else numpy)")
-    s.add_argument("--numerics", choices=["exact", "ggml", "fast"], default="exact",
-                   help="exact: the math ggml defines; ggml: ggml-cpu's roundings where emulated; fast: f32 sums")
+    s.add_argument("--numerics", choices=["exact", "ggml", "ggml-nollamafile", "fast"], default="exact",
+                   help="exact: the math ggml defines; ggml: ggml-cpu's roundings where emulated, with "
+                        "llamafile's sgemm as llama.cpp builds it; ggml-nollamafile: without it; fast: f32 sums")
     s.add_argument("--mem", type=_byte_size, default=None, metavar="BYTES",
                    help="bound on all buffers together, e.g. 8G (default: 3/4 of the memory free now)")
     s.add_argument("--dump", metavar="DIR", help="save every computed node's value as DIR/NNNNNN-NAME.npy "

@@ -106,8 +106,15 @@ def _load(what: str) -> None:
                       stacklevel=3)
 
 
-def _chain(info: OpInfo, b: str, profile: str) -> list[tuple[str | None, Callable]]:
-    """(backend or None, implementation) that a call tries under backend b and a numerics profile, best first."""
+_CHAINS: dict[tuple[str, str, str], tuple] = {}     # (op, backend, profile) -> _chain's answer; reset by register
+
+
+def _chain(info: OpInfo, b: str, profile: str) -> tuple:
+    """(backend or None, implementation) pairs that a call tries under backend b and a numerics profile, best
+    first (resolved once per op, backend and profile: a call pays one dict lookup)."""
+    hit = _CHAINS.get((info.name, b, profile))
+    if hit is not None:
+        return hit
     out = []
     for key in NUMERICS[profile]:
         if key not in _loaded:
@@ -116,6 +123,7 @@ def _chain(info: OpInfo, b: str, profile: str) -> list[tuple[str | None, Callabl
             f = info.impls.get((bk, key))
             if f is not None:
                 out.append((bk, f))
+    _CHAINS[(info.name, b, profile)] = out = tuple(out)
     return out
 
 
@@ -203,6 +211,7 @@ def register(name: str, backend: str | None = None, numerics: str | tuple[str, .
     def deco(fn):
         for k in keys:
             OPS[name].impls[(backend, k)] = fn
+        _CHAINS.clear()
         return fn
     return deco
 

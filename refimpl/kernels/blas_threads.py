@@ -52,6 +52,7 @@ _max_threads = 0        # its MAX_THREADS: the size of its per-thread arrays
 _lib = None             # the library (ctypes), and its symbols' (prefix, suffix)
 _affix = None
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0          # the max_workers _pool was made with
 _jobs: dict[int, ctypes._CFuncPtr] = {}
 
 
@@ -101,10 +102,11 @@ def _find_library():
 
 def _pool_for(workers: int) -> ThreadPoolExecutor:
     """A pool of at least `workers` threads: every job of one call must be able to run at once."""
-    global _pool
+    global _pool, _pool_size
     with _lock:
-        if _pool is None or _pool._max_workers < workers:
+        if _pool is None or _pool_size < workers:
             old, _pool = _pool, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refimpl-blas")
+            _pool_size = workers
             if old is not None:
                 old.shutdown(wait=False)
         return _pool
@@ -224,8 +226,8 @@ def active_omp() -> bool:
 
 def _after_fork_in_child() -> None:
     """A forked child has neither the pool's threads nor the parent's callers: OpenBLAS's own threads again."""
-    global _active, _pool, _omp
-    _active, _pool, _omp = 0, None, 0
+    global _active, _pool, _pool_size, _omp
+    _active, _pool, _pool_size, _omp = 0, None, 0, 0
     if _setter:
         _setter(None)
 
