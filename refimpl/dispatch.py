@@ -77,6 +77,7 @@ class OpInfo:
     covers: tuple[str, ...]
     check: Callable | None = None
     impls: dict[tuple[str | None, str], Callable] = field(default_factory=dict)   # (backend|None, key) -> fn
+    chains: dict[tuple[str, str], tuple] = field(default_factory=dict)             # (backend, profile) -> chain
 
     @property
     def kernels(self) -> dict[str, Callable]:
@@ -106,15 +107,8 @@ def _load(what: str) -> None:
                       stacklevel=3)
 
 
-_CHAINS: dict[tuple[str, str, str], tuple] = {}     # (op, backend, profile) -> _chain's answer; reset by register
-
-
 def _chain(info: OpInfo, b: str, profile: str) -> tuple:
-    """(backend or None, implementation) pairs that a call tries under backend b and a numerics profile, best
-    first (resolved once per op, backend and profile: a call pays one dict lookup)."""
-    hit = _CHAINS.get((info.name, b, profile))
-    if hit is not None:
-        return hit
+    """(backend or None, implementation) pairs registered for backend b and a numerics profile, best first."""
     out = []
     for key in NUMERICS[profile]:
         if key not in _loaded:
@@ -123,8 +117,7 @@ def _chain(info: OpInfo, b: str, profile: str) -> tuple:
             f = info.impls.get((bk, key))
             if f is not None:
                 out.append((bk, f))
-    _CHAINS[(info.name, b, profile)] = out = tuple(out)
-    return out
+    return tuple(out)
 
 
 def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable | None = None):
@@ -136,19 +129,31 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
     def deco(fn):
         info = OpInfo(name, fn, cov, check)
         OPS[name] = info
+        chains = info.chains
+        bget, nget = _backend.get, _numerics.get
 
         @functools.wraps(fn)
         def wrapper(*args, numerics: str | None = None, **kwargs):
             try:
-                if numerics is not None and numerics != _numerics.get():
+                if numerics is not None and numerics != nget():
                     if numerics not in NUMERICS:
                         raise ValueError(f"{name}: unknown numerics {numerics!r}; one of {tuple(NUMERICS)}")
                     tok = _numerics.set(numerics)
                     try:
-                        return _call(info, args, kwargs)
+                        return wrapper(*args, **kwargs)
                     finally:
                         _numerics.reset(tok)
-                return _call(info, args, kwargs)
+                if check is not None:
+                    check(*args, **kwargs)
+                key = (bget(), nget())
+                chain = chains.get(key)
+                if chain is None:
+                    chain = _resolve(info, *key)
+                for host, impl in chain:       # the hot path: one dict lookup, then the implementations
+                    out = impl(*host_args(args), **_host_kwargs(kwargs)) if host else impl(*args, **kwargs)
+                    if out is not NotImplemented:
+                        return out
+                raise AssertionError("unreachable: every chain ends with the reference")
             except GGMLShapeError as e:
                 # an op built on others (conv_1d on im2col and mul_mat) names itself before the inner op
                 if str(e).startswith(f"{name}:"):
@@ -161,28 +166,22 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
     return deco
 
 
-def _call(info: OpInfo, args, kwargs):
-    if info.check is not None:
-        info.check(*args, **kwargs)
-    b = _backend.get()
-    if b != "numpy" and b not in _loaded:
-        _load(b)
-    profile = _numerics.get()
+def _resolve(info: OpInfo, b: str, profile: str) -> tuple:
+    """The implementations a call tries under backend b and a numerics profile, best first, ending with the
+    reference body, each as (run on host copies of device arrays?, function); kept in info.chains until an
+    implementation is registered."""
     if profile not in NUMERICS:
         raise ValueError(f"unknown numerics {profile!r} (REFIMPL_NUMERICS?); one of {tuple(NUMERICS)}")
-    host = None
-    for bk, impl in _chain(info, b, profile):
-        if bk is None and b == "cuda":      # NumPy code under the CUDA backend: host copies of device arrays
-            host = host or (host_args(args), dict(zip(kwargs, host_args(kwargs.values()))))
-            out = impl(*host[0], **host[1])
-        else:
-            out = impl(*args, **kwargs)
-        if out is not NotImplemented:
-            return out
-    if b == "cuda":      # no CUDA kernel took it: the reference on host copies of device arrays
-        host = host or (host_args(args), dict(zip(kwargs, host_args(kwargs.values()))))
-        return info.fn(*host[0], **host[1])
-    return info.fn(*args, **kwargs)
+    if b != "numpy" and b not in _loaded:
+        _load(b)
+    # NumPy code under the CUDA backend runs on host copies of device arrays
+    chain = tuple((bk is None and b == "cuda", f) for bk, f in _chain(info, b, profile)) + ((b == "cuda", info.fn),)
+    info.chains[(b, profile)] = chain
+    return chain
+
+
+def _host_kwargs(kwargs: dict) -> dict:
+    return dict(zip(kwargs, host_args(kwargs.values())))
 
 
 def _on_host(x):
@@ -211,7 +210,8 @@ def register(name: str, backend: str | None = None, numerics: str | tuple[str, .
     def deco(fn):
         for k in keys:
             OPS[name].impls[(backend, k)] = fn
-        _CHAINS.clear()
+        for info in OPS.values():            # resolved chains are stale now
+            info.chains.clear()
         return fn
     return deco
 
