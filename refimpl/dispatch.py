@@ -160,7 +160,14 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
                     raise
                 raise GGMLShapeError(f"{name}: {e}") from e
 
-        wrapper.reference = fn
+        if check is None:
+            reference = fn
+        else:                              # `op.reference`: the NumPy body with the op's validation
+            @functools.wraps(fn)
+            def reference(*args, **kwargs):
+                check(*args, **kwargs)
+                return fn(*args, **kwargs)
+        wrapper.reference = reference
         wrapper.op_info = info
         return wrapper
     return deco

@@ -177,7 +177,7 @@ def test_norms_eps_zero_row_and_errors(fallbacks):
     _same_error(rms_norm, a[:, ::2], 1e-6)
     _same_error(norm, a, -1.0)
     _check(norm, a[::2], 1e-5, fell_back=True)
-    assert fallbacks == ["rms_norm", "norm", "norm"]
+    assert fallbacks == ["norm"]          # the bad inputs are refused by the op's check, before any kernel
 
 
 @cuda.jit
@@ -270,7 +270,7 @@ def test_rope_batch_dim_and_fallbacks(fallbacks):
     _check(rope_ext, _data((2, 5, 3, 12), specials=False), POS, n_dims=12, mode=ROPE_TYPE_NEOX)
     _check(rope_ext, _data((5, 3, 12), specials=False).astype(np.float16), POS, n_dims=12, fell_back=True)
     _same_error(rope_ext, _data((5, 3, 12)), POS, n_dims=12, mode=ROPE_TYPE_VISION)
-    assert fallbacks == ["rope_ext", "rope_ext"]
+    assert fallbacks == ["rope_ext"]      # vision mode is refused by the op's check, before the kernel
 
 
 # -- get_rows ------------------------------------------------------------------------------------------------

@@ -175,6 +175,6 @@ def test_llama_prefill_runs_its_blas_jobs_on_numba_threads(tmp_path, monkeypatch
         if bt.openblas_threads() > 1 and bt.openblas_threads() <= refimpl.kernels._common.n_threads():
             assert bt.omp_calls > calls, "no threaded BLAS call of the prefill ran in the prange"
         import contextlib
-        monkeypatch.setattr(llama, "_blas_threads", lambda n: contextlib.nullcontext())
+        monkeypatch.setattr(llama, "forward_scope", lambda n, workload: contextlib.nullcontext())
         own = llama.forward(model, ids, llama.new_cache(model, 64))     # OpenBLAS's own workers
     assert np.array_equal(logits, own)
