@@ -225,20 +225,14 @@ def bias_gelu_(y, bias, act: bool = True):
     return y
 
 
-def _bias_operands(y, bias) -> bool:
-    return (isinstance(y, np.ndarray) and y.dtype == np.float32 and y.ndim == 2 and y.size and y.flags.c_contiguous
-            and isinstance(bias, np.ndarray) and bias.dtype == np.float32 and bias.shape == (y.shape[1],))
-
-
-@register("add_gelu", backend="numba")
-def add_gelu(a, bias):
-    """refimpl.ops.fused.add_gelu in one pass (the bits of add, then gelu's f16 table), into a new array."""
-    if not _bias_operands(a, bias):
-        return NotImplemented
-    out = np.empty_like(a)
-    b, tab = np.ascontiguousarray(bias), gelu_table_f32()
-    parallel_ranges(lambda lo, hi: _bias_gelu(a, b, tab, True, out, lo, hi), a.shape[0], max(1, PAR_MIN // a.shape[1]))
-    return out
+@register("mul_mat_add_gelu", backend="numba")
+def mul_mat_add_gelu(a, b, bias):
+    """refimpl.ops.fused.mul_mat_add_gelu: the product (mul_mat's kernels), then the bias and GELU in one pass
+    in place on that product, which this function owns (the bits of add, then gelu's f16 table)."""
+    y = ops.mul_mat(a, b)
+    if bias_gelu_(y, bias) is None:
+        return ops.gelu(ops.add(y, bias))
+    return y
 
 
 @register("mul_mat_add", backend="numba")

@@ -48,7 +48,7 @@ Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [
 
 Without a capture the sublayers are refimpl.ops.fused's ops (a capture runs them op by op, so every named
 tensor exists): the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is
-`add_norm_affine`, the FFN's up bias and GELU `add_gelu`, each projection with its bias `mul_mat_add`, and the
+`add_norm_affine`, the FFN's up projection, bias and GELU `mul_mat_add_gelu`, each projection with its bias `mul_mat_add`, and the
 attention `attn_qkv` (Q, K, V from one stacked weight, derived at load) or `attn_mha`. Their references are the
 op sequences; the numba backend registers one-pass kernels with the ops' bits (and, in numerics="fast", one
 attention kernel: f32 sums in index order, an order fast mode allows mul_mat). The forward pass runs in the
@@ -69,7 +69,7 @@ import numpy as np
 from .. import gguf as _gguf
 from ..dispatch import forward_scope
 from ..ops import add, gelu, gelu_erf, get_rows, mul_mat, soft_max_ext
-from ..ops.fused import add_gelu, add_norm_affine, attn_mha, attn_qkv, mul_mat_add, stack_qkv
+from ..ops.fused import add_norm_affine, attn_mha, attn_qkv, mul_mat_add, mul_mat_add_gelu, stack_qkv
 from .common import capture_fn, device_constant, gpu_mode, layer_norm, no_capture, on_device, permuted, to_device, to_host
 
 A = Any  # np.ndarray or QTensor
@@ -387,7 +387,7 @@ def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     """x (n_seq, n_tokens, n_embd) -> (n_seq, n_tokens, n_embd): one encoder layer (llama.cpp's bert graph).
 
     Without a capture the sublayers run as refimpl.ops.fused's ops (attn_qkv or attn_mha, add_norm_affine,
-    add_gelu: their references are these op sequences, and backends register one-pass kernels for them);
+    mul_mat_add_gelu: their references are these op sequences, and backends register one-pass kernels for them);
     with one, op by op, so that every named tensor exists."""
     if cap is no_capture and not gpu_mode():
         return _layer_fused(x, w, hp, mask)
@@ -442,11 +442,10 @@ def _layer_fused(x, w: Layer, hp: HParams, mask) -> np.ndarray:
         kqv = attn_mha(q, k, v, mask, _scale(hp))
     ffn_inp = add_norm_affine(mul_mat(w.attn_output, kqv.reshape(S * T, E)), c(w.attn_output_b), flat,
                               c(w.attn_output_norm), c(w.attn_output_norm_b), hp.norm_eps)
-    up = mul_mat(w.ffn_up, ffn_inp)
     if w.ffn_up_b is not None and hp.act == "gelu":
-        act = add_gelu(up, c(w.ffn_up_b))
+        act = mul_mat_add_gelu(w.ffn_up, ffn_inp, c(w.ffn_up_b))
     else:
-        act = ACTS[hp.act](up if w.ffn_up_b is None else add(up, c(w.ffn_up_b)))
+        act = ACTS[hp.act](mul_mat_add(w.ffn_up, ffn_inp, c(w.ffn_up_b)))
     out = add_norm_affine(mul_mat(w.ffn_down, act), c(w.ffn_down_b), ffn_inp, c(w.layer_output_norm),
                           c(w.layer_output_norm_b), hp.norm_eps)
     return out.reshape(S, T, E)

@@ -4,7 +4,7 @@ and backends register one-pass kernels for them (refimpl/kernels/norm.py, unary.
 a ggml op: `covers=()`.
 
     mul_mat_add      ggml_add(ggml_mul_mat(w, x), bias)                    a projection and its bias
-    add_gelu         ggml_gelu(ggml_add(x, bias))                          BERT's FFN up bias and activation
+    mul_mat_add_gelu ggml_gelu(ggml_add(ggml_mul_mat(w, x), bias))         BERT's FFN up projection and GELU
     add_norm_affine  ggml_add(ggml_mul(ggml_norm(x + bias + residual), w), b)   BERT's post-norm residual
     attn_mha         kq = mul_mat(K, Q); soft_max_ext; kqv = mul_mat(V^T, kq)   llama.cpp's build_attn_mha
     attn_qkv         attn_mha on the Q, K, V projections of one stacked weight
@@ -35,16 +35,18 @@ def mul_mat_add(a, b, bias=None) -> np.ndarray:
     return y if bias is None else add(y, bias)
 
 
-@op("add_gelu", covers=())
-def add_gelu(a, bias) -> np.ndarray:
-    """ggml_gelu(ctx, ggml_add(ctx, a, bias)): BERT's FFN up projection's bias, then GELU (ggml's f16 table).
+@op("mul_mat_add_gelu", covers=())
+def mul_mat_add_gelu(a, b, bias) -> np.ndarray:
+    """ggml_gelu(ctx, ggml_add(ctx, ggml_mul_mat(ctx, a, b), bias)): BERT's FFN up projection, its bias, then
+    GELU (ggml's f16 table).
 
-    a     ne [n, m]   numpy (m, n)   f32, rows contiguous
+    a     ne [k, n]   numpy (n, k)   the weight, any mul_mat type
+    b     ne [k, m]   numpy (m, k)   f32 activations
     bias  ne [n]      numpy (n,)     f32
     out   ne [n, m]   numpy (m, n)   f32
 
-    Kernels: kernels/unary.py (numba: one pass)."""
-    return gelu(add(a, bias))
+    Kernels: kernels/unary.py (numba: the bias and GELU in one pass, in place on the product it owns)."""
+    return gelu(add(mul_mat(a, b), bias))
 
 
 @op("add_norm_affine", covers=())
