@@ -42,6 +42,7 @@ import importlib.util
 import os
 import warnings
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable
 
 from .shapes import GGMLShapeError
@@ -80,9 +81,10 @@ class OpInfo:
     chains: dict[tuple[str, str], tuple] = field(default_factory=dict)             # (backend, profile) -> chain
 
     @property
-    def kernels(self) -> dict[str, Callable]:
-        """backend -> its exact-numerics kernel (what the coverage report and the tests ask about)."""
-        return {b: f for (b, k), f in self.impls.items() if b is not None and k == "exact"}
+    def kernels(self) -> MappingProxyType:
+        """backend -> its exact-numerics kernel (what the coverage report and the tests ask about); read-only:
+        `register` adds implementations."""
+        return MappingProxyType({b: f for (b, k), f in self.impls.items() if b is not None and k == "exact"})
 
 
 OPS: dict[str, OpInfo] = {}
@@ -323,9 +325,9 @@ def to_host(x):
     return x.copy_to_host() if on_device(x) else x
 
 
-def device_of(x=None):
-    """The residency helpers that move x, a device array: the active backend's, else the first registered
-    (a device array outlives a `with backend(...)` block)."""
+def device_of():
+    """The residency helpers that move device arrays: the active backend's, else the first registered (a
+    device array outlives a `with backend(...)` block)."""
     r = residency() or next(iter(_RESIDENCY.values()), None)
     if r is None:
         raise RuntimeError("a device array, but no backend with device residency is loaded")

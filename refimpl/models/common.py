@@ -59,5 +59,5 @@ def device_constant(w):
 def permuted(x, axes):
     """np.ascontiguousarray(x.transpose(axes)); a device array is permuted on the device."""
     if on_device(x):
-        return device_of(x).permute(x, axes)
+        return device_of().permute(x, axes)
     return np.ascontiguousarray(x.transpose(axes))

@@ -57,8 +57,13 @@ def device_results(monkeypatch):
 
     for info in OPS.values():
         if "cuda" not in info.kernels:
-            monkeypatch.setitem(info.kernels, "cuda", shim(info.fn))
+            for key in ("exact", "fast"):
+                monkeypatch.setitem(info.impls, ("cuda", key), shim(info.fn))
+        info.chains.clear()                        # resolved before the shims: stale
     yield
+    monkeypatch.undo()                             # the shims out, then the chains that held them
+    for info in OPS.values():
+        info.chains.clear()
 
 
 def on_numpy(fn):

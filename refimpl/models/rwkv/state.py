@@ -44,7 +44,7 @@ class RwkvState:
 
     def copy(self) -> "RwkvState":
         if on_device(self.wkv):
-            clone = device_of(self.wkv).clone
+            clone = device_of().clone
             return RwkvState(self.version, clone(self.shift_att), clone(self.shift_ffn), clone(self.wkv))
         return RwkvState(self.version, self.shift_att.copy(), self.shift_ffn.copy(), self.wkv.copy())
 
