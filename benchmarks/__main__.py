@@ -425,9 +425,11 @@ REFIMPL_ENGINES = ("refimpl numba", "refimpl numba fast", "refimpl numba fast, t
 # glibc returns the top of the heap to the system whenever the free space there exceeds its (dynamic) trim
 # threshold, so a batch whose working set swings by tens of MB a layer touches fresh pages again (~10,000 minor
 # faults a long MiniLM batch with the model's fused kernels, ~45,000 without). It is the host process's choice
-# (environment or mallopt), not a library's. (OpenBLAS's spinning workers, the other such cost, are out of the way
-# without one: BERT's layers run OpenBLAS's jobs on refimpl's threads, refimpl/kernels/blas_threads.py.)
-TUNED_ENV = dict(MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="1073741824")
+# (environment or mallopt), not a library's. So are OpenBLAS's spinning workers, the other such cost: after a
+# threaded call they spin ~0.1 s before they sleep, beside the kernels that follow; OPENBLAS_THREAD_TIMEOUT=4, its
+# documented setting, makes them sleep at once (refimpl/kernels/blas.py).
+TUNED_ENV = dict(MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="1073741824",
+                 OPENBLAS_THREAD_TIMEOUT="4")
 
 
 def _fast_engine(job_engine: str) -> tuple:

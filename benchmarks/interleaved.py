@@ -5,8 +5,8 @@ set to its tree.
     git worktree add /tmp/before <commit>
     python -m benchmarks.interleaved --before /tmp/before [--after .] [--rounds 3] [--threads 1]
 
-Rows: SmolLM2 Q4_1 decode ms/token (numba, fast and exact; 64-token prefill, then 24 single-token forwards,
-best of 4), MiniLM sentences/s (numba fast, batches of 32 short / long sentences, best of 5), and the call time
+Rows: SmolLM2 Q4_1 prefill ms (128 tokens) and decode ms/token (24 single-token forwards after it), numba,
+fast and exact, best of 4; RWKV-4 decode ms/token (random weights of the 0.1B shape, f32, best of 3); MiniLM sentences/s (numba fast, batches of 32 short / long sentences, best of 5), and the call time
 of `refimpl.rms_norm` on (1, 576) f32 (the dispatch's per-call cost).
 """
 from __future__ import annotations
@@ -24,16 +24,34 @@ from refimpl.models import bert, llama
 m = llama.load(refimpl.fetch.fetch("smollm2"))
 out = {}
 for mode in ("fast", "exact"):
-    best = 1e9
+    best = pre = 1e9
     with refimpl.numerics(mode):
         for _ in range(4):
             c = llama.new_cache(m, 256)
-            llama.forward(m, list(range(1, 65)), c, last_only=True)
+            t0 = time.perf_counter()
+            llama.forward(m, list(range(1, 129)), c, last_only=True)
+            pre = min(pre, time.perf_counter() - t0)
             t0 = time.perf_counter()
             for i in range(24):
                 llama.forward(m, [100 + i], c, last_only=True)
             best = min(best, (time.perf_counter() - t0) / 24)
+    out[f"SmolLM2 prefill 128, numba {mode}, ms"] = pre * 1e3
     out[f"SmolLM2 decode, numba {mode}, ms/token"] = best * 1e3
+from refimpl.models import rwkv
+from tests.models.rwkv_tiny import tiny_state_dict
+from benchmarks.rwkv import SHAPE, VARIANT, VOCAB
+rm = rwkv.from_state_dict(tiny_state_dict(VARIANT["4"], vocab=VOCAB["4"], seed=4, **SHAPE))
+for mode in ("fast", "exact"):
+    best = 1e9
+    with refimpl.numerics(mode):
+        s = None
+        _, s = rwkv.forward(rm, [1, 2, 3], s)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for i in range(8):
+                _, s = rwkv.forward(rm, [100 + i], s)
+            best = min(best, (time.perf_counter() - t0) / 8)
+    out[f"RWKV-4 0.1B decode, numba {mode}, ms/token"] = best * 1e3
 b = bert.load(refimpl.fetch.fetch("minilm"))
 short = ["The quick brown fox jumps over the lazy dog near the river bank today."] * 32
 long_ = [" ".join(["Refimpl computes ggml ops in NumPy and checks them against the real library."] * 5)] * 32

@@ -70,15 +70,12 @@ def llama_cpp_available() -> bool:
 
 
 def _foreign_ggml() -> list[str]:
-    """The libggml files this process has mapped from outside llama-cpp-python's package (ggml-python's,
-    say). llama.cpp's libllama binds to an already loaded libggml-cpu.so by its soname, so in such a
-    process it would run another build's kernels (another ggml version, no llamafile)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split(None, 5)[-1].strip() for line in f if "libggml" in line}
-    except OSError:
-        return []
-    return sorted(p for p in paths if "/llama_cpp/" not in p)
+    """The Python packages imported in this process that load a libggml of their own (ggml-python's `ggml`).
+    llama.cpp's libllama binds to an already loaded libggml-cpu.so by its soname, so in such a process it
+    would run another build's kernels (another ggml version, no llamafile)."""
+    import sys
+    mod = sys.modules.get("ggml")
+    return [f"ggml-python ({getattr(mod, '__file__', None) or 'ggml'})"] if mod is not None else []
 
 
 def llama_cpp_system_info() -> str:

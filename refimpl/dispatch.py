@@ -342,7 +342,7 @@ def register_scope(backend: str, fn: Callable) -> None:
 def forward_scope(n_tokens: int, workload: str):
     """What the active backend does around a model's forward pass of n_tokens ("decoder": a causal LM whose
     decode kernels run on the backend's threads; "encoder": a batch of independent rows). The numba backend
-    shares its threads with BLAS's jobs for the pass (refimpl/kernels/blas_threads.py); others do nothing."""
+    reads its thread count once for the pass (refimpl/kernels/blas.py); others do nothing."""
     b = _backend.get()
     if b != "numpy" and b not in _loaded:
         _load(b)

@@ -1,4 +1,5 @@
 import os
+import sys
 
 # the CUDA kernels' tests run in numba's CUDA simulator (read when Numba is first imported, so set here);
 # REFIMPL_CUDA_REAL=1 runs them on a real GPU instead
@@ -45,8 +46,7 @@ def ggml():
     oracle.check_profile()       # a native (AVX-512) build would change the numbers: fail, don't compare
     # llama.cpp's libggml (another ggml version) must never share this process with the oracle's: a library
     # loaded later binds to the one already loaded by its soname (refimpl.compare runs llama.cpp in a child)
-    with open("/proc/self/maps") as f:
-        assert not [line for line in f if "/llama_cpp/lib/" in line], "llama-cpp-python's libggml is loaded"
+    assert "llama_cpp" not in sys.modules, "llama-cpp-python (and its libggml) is loaded in this process"
     return oracle
 
 

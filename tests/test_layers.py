@@ -5,7 +5,6 @@ a layer or sideways into kernels, and no module takes another package's private 
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
 import pytest
@@ -193,4 +192,25 @@ def test_models_import_no_kernel():
 def test_library_code_never_imports_the_test_toolkit():
     bad = [f"{m} imports {t}" for m in MODULES if _layer(m) not in ("testing", "facade")
            for t in EDGES[m] if _layer(t) == "testing" and (m, t) not in ALLOWED_EDGES]
+    assert not bad, "\n".join(bad)
+
+
+# What reaching below a library's public API looks like in source: reading /proc, dlopen tricks on an
+# already loaded library, a variable read out of a library, a call through an address in IR, private
+# attributes of the standard library's thread pool or of Numba's threading layer, OpenBLAS's threads callback.
+HOOKS = ("/proc/", "RTLD_NOLOAD", ".in_dll(", "inttoptr", "_max_workers", "_get_num_threads", "_is_initialized",
+         "set_threads_callback", "get_config", "numba.np.ufunc.parallel")
+
+
+def test_no_hooks_below_public_apis():
+    """Threads through Numba's public getters and setters, BLAS through NumPy (and MKL's documented entry
+    points, kernels/mkl.py): no library code reaches below a public API (docs/architecture.md)."""
+    bad = []
+    for path in sorted((ROOT / "refimpl").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            for h in HOOKS:
+                if h in code:
+                    bad.append(f"{rel}:{i}: {h}: {line.strip()}")
     assert not bad, "\n".join(bad)

@@ -6,6 +6,8 @@ One module per op family, each listing its versions at the top:
     quants.py      dequantize every block format (the decoders mul_mat and get_rows use too)
     quantize.py    ggml's reference quantizers of the common types
     matmul.py      mul_mat with any weight type, never materialising a dequantized weight
+    blas.py        the GEMMs split over refimpl's threads (SciPy's BLAS from Numba, threadpoolctl), forward scope
+    mkl.py         MKL's sgemm for fast numerics where the optional `mkl` wheel is installed
     norm.py        rms_norm, norm
     softmax.py     soft_max_ext
     rope.py        rope_ext, rope_ext_back (NORMAL and NEOX)
@@ -87,8 +89,8 @@ def load() -> None:
         except ImportError as e:
             failed.append(f"{name}: {e}")
     from ..dispatch import register_scope
-    from . import blas_threads
-    register_scope("numba", blas_threads.forward_scope)
+    from . import blas
+    register_scope("numba", blas.forward_scope)
     if failed:
         raise ImportError("; ".join(failed))
 

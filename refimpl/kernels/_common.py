@@ -20,9 +20,11 @@ anywhere: every f32 operation is one IEEE rounding, in the order written.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
+import numba
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
@@ -280,23 +282,34 @@ def pairwise_sum_f64(x, lo, n):
 
 _POOL = None
 _POOL_PID = 0            # the process that started _POOL: a forked child starts its own (its threads are gone)
+_POOL_SIZE = 0           # its max_workers
 _PREFIX = "refimpl-kernels"
 
 
-_get_num_threads = None
+_TLS = threading.local()
 
 
 def n_threads() -> int:
-    """Threads the kernels use: Numba's setting (NUMBA_NUM_THREADS, `numba.set_num_threads`). After the
-    first call, Numba's own getter without its launch check (~4 us a call otherwise, hundreds per token)."""
-    global _get_num_threads
-    if _get_num_threads is None:
-        import numba
-        from numba.np.ufunc import parallel
-        n = numba.get_num_threads()                  # launches the threading layer once
-        _get_num_threads = parallel._get_num_threads
-        return max(1, n)
-    return max(1, _get_num_threads())
+    """Threads the kernels use: Numba's setting (NUMBA_NUM_THREADS, `numba.set_num_threads`), as
+    `numba.get_num_threads()` returns it -- or, inside `threads_fixed()` on this thread, the count read when
+    that began (the public getter takes ~1 us, and a decode step asks hundreds of times)."""
+    n = getattr(_TLS, "n", 0)
+    if n:
+        return n
+    return max(1, numba.get_num_threads())
+
+
+@contextlib.contextmanager
+def threads_fixed():
+    """n_threads() on this thread is the count read at entry until the block ends (the numba backend's
+    forward scope: one model pass, during which nothing changes Numba's setting)."""
+    prev = getattr(_TLS, "n", 0)
+    _TLS.n = 0
+    _TLS.n = n_threads()
+    try:
+        yield
+    finally:
+        _TLS.n = prev
 
 
 _OMP_PID = os.getpid()   # the process that imported the kernels: where Numba's OpenMP threads may be started
@@ -316,7 +329,7 @@ def parallel_ranges(work, n: int, min_items: int) -> None:
     Kernels split their rows or blocks here rather than in a `prange`: Numba's parallel compilation
     optimises a function's whole body once more (tens of seconds for the block formats, per caller),
     for no gain on work items this coarse, and one pool serves every kernel."""
-    global _POOL, _POOL_PID
+    global _POOL, _POOL_PID, _POOL_SIZE
     k = min(n_threads(), max(1, n // max(1, min_items)))
     if k > 1 and threading.current_thread().name.startswith(_PREFIX):
         k = 1                            # already on a pool thread: waiting on the pool could deadlock
@@ -324,10 +337,11 @@ def parallel_ranges(work, n: int, min_items: int) -> None:
         if n:
             work(0, n)
         return
-    if _POOL is None or _POOL._max_workers < k - 1 or _POOL_PID != os.getpid():
+    if _POOL is None or _POOL_SIZE < k - 1 or _POOL_PID != os.getpid():
         from concurrent.futures import ThreadPoolExecutor
-        _POOL = ThreadPoolExecutor(max_workers=max(k - 1, n_threads() - 1), thread_name_prefix=_PREFIX)
-        _POOL_PID = os.getpid()
+        size = max(k - 1, n_threads() - 1)
+        _POOL = ThreadPoolExecutor(max_workers=size, thread_name_prefix=_PREFIX)
+        _POOL_PID, _POOL_SIZE = os.getpid(), size
     bounds = [n * t // k for t in range(k + 1)]
     futs = [_POOL.submit(work, bounds[t], bounds[t + 1]) for t in range(1, k)]
     work(bounds[0], bounds[1])

@@ -37,7 +37,7 @@ from ..dispatch import current_numerics, register
 from ..shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
-from . import blas_threads, mkl, quants, simd
+from . import blas, mkl, quants, simd
 from ._common import n_threads, parallel_ranges, prange_ok
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
@@ -322,10 +322,10 @@ def _batched_f32(W, b4, na, nb, r2, r3) -> np.ndarray:
     return np.matmul(bv, wv).reshape(nb[3], nb[2], nb[1], na[1])
 
 
-def _batched_mkl(W, b4, na, nb, r2, r3) -> np.ndarray:
-    """_batched_f32 through MKL (kernels/mkl.py), one sgemm per weight batch (W C-contiguous, from _weights):
-    b's r3 x r2 batches that share weight batch (i3, i2) as one (r3 * r2 * m, k) matrix where they are
-    adjacent in memory, else one call each (a call MKL declines runs NumPy's)."""
+def _batched_split(W, b4, na, nb, r2, r3) -> np.ndarray:
+    """_batched_f32 as one `blas.gemm_nt` per weight batch (MKL's, split over refimpl's threads; W
+    C-contiguous, from _weights): b's r3 x r2 batches that share weight batch (i3, i2) as one (r3 * r2 * m, k) matrix where they
+    are adjacent in memory, else one call each."""
     out = np.empty((nb[3], nb[2], nb[1], na[1]), np.float32)
     k, n = nb[0], na[1]
     for i3 in range(na[3]):
@@ -338,8 +338,7 @@ def _batched_mkl(W, b4, na, nb, r2, r3) -> np.ndarray:
             else:
                 parts = [(bs[j3, j2], o[j3, j2]) for j3 in range(r3) for j2 in range(r2)]
             for x, y in parts:
-                if not mkl.sgemm_nt(x, w, y, omp=True):
-                    np.matmul(x, w.T, out=y)
+                blas.gemm_nt(x, w, y, omp=True)
     return out
 
 
@@ -473,11 +472,10 @@ def mul_mat(a, b) -> np.ndarray:
     r2, r3 = nb[2] // na[2], nb[3] // na[3]
     n, k = na[1], na[0]
     use_mkl = fast and mkl.available()
-    omp_team = use_mkl or blas_threads.active_omp()       # the products run on Numba's threads
+    omp_team = use_mkl                                    # the products run on Numba's threads
     if fast and tid is None and na[2] * na[3] > 1 and r3 * r2 * nb[1] > DECODE_ROWS:
-        if use_mkl:
-            return _batched_mkl(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
-        return _batched_f32(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
+        batched = _batched_split if use_mkl else _batched_f32
+        return batched(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
     out = np.empty((nb[3], nb[2], nb[1], n), np.float32)
     for i3 in range(na[3]):
         for i2 in range(na[2]):
@@ -519,11 +517,12 @@ def mul_mat(a, b) -> np.ndarray:
                         quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())
                     else:
                         quants.dequantize_into(tid, blocks, t32)
-                if fast:                            # sgemm straight into the output (MKL's where installed)
-                    if not (use_mkl and bsx.flags.c_contiguous and o.flags.c_contiguous
-                            and mkl.sgemm_nt(bsx.reshape(-1, k), t32.reshape(hi - lo, k),
-                                             o.reshape(-1, n)[:, lo:hi], omp=tid is not None)):
-                        np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
+                flat = bsx.flags.c_contiguous and o.flags.c_contiguous
+                if fast and flat:                   # sgemm straight into the output (kernels/blas.py)
+                    blas.gemm_nt(bsx.reshape(-1, k), t32.reshape(hi - lo, k), o.reshape(-1, n)[:, lo:hi],
+                                 omp=tid is not None)
+                elif fast:
+                    np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
                 else:
                     o[..., lo:hi] = bsx @ t32.reshape(hi - lo, k).astype(dt, copy=False).T
     nd = max(len(b.shape), 2)

@@ -27,7 +27,6 @@ import functools
 
 import numpy as np
 from numba import njit, prange
-from numba.np.ufunc import parallel as _numba_parallel
 
 from ..dispatch import implements
 from ..quants import DEQUANTIZERS
@@ -846,19 +845,11 @@ PAR_DECODERS = {tid: globals()[f"_par_dq_{GGMLType(tid).name.lower().replace('_k
 _TABLED = frozenset((IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, IQ4_NL, IQ4_XS, MXFP4, NVFP4))
 
 
-def _threads() -> int:
-    """n_threads(): the same thread-local count, read straight from Numba's threading layer once its
-    threads run (numba.get_num_threads takes two locks first: 10-15 us cold, 3 us this way)."""
-    if _numba_parallel._is_initialized:
-        return _numba_parallel._get_num_threads()
-    return n_threads()
-
-
 def _decode(dq, src, out, min_blocks, T):
     """dq on all blocks of src into out: one call on this thread unless there is work for several.
     T: tables(), or () for the types that use none (unboxing ten arrays per call costs ~4 us cold)."""
     n = src.shape[0]
-    if n < 2 * min_blocks or _threads() == 1:
+    if n < 2 * min_blocks or n_threads() == 1:
         dq(src, out, 0, n, T)
     else:
         parallel_ranges(lambda lo, hi: dq(src, out, lo, hi, T), n, min_blocks)
@@ -869,7 +860,7 @@ def _decode_tensor(tid, src, out, min_blocks, T):
     (PAR_DECODERS) where there is work for several, else one call on this thread. In a forked child (GNU
     OpenMP's threads do not survive a fork) or on a pool thread, parallel_ranges as dequantize_into."""
     n = src.shape[0]
-    th = _threads()
+    th = n_threads()
     k = min(th, n // min_blocks) if th > 1 else 1
     if k <= 1:
         DECODERS[tid](src, out, 0, n, T)

@@ -52,7 +52,7 @@ tensor exists): the tail of each sublayer -- the projection's bias, the residual
 attention `attn_qkv` (Q, K, V from one stacked weight, derived at load) or `attn_mha`. Their references are the
 op sequences; the numba backend registers one-pass kernels with the ops' bits (and, in numerics="fast", one
 attention kernel: f32 sums in index order, an order fast mode allows mul_mat). The forward pass runs in the
-backend's `forward_scope` (the numba backend shares its threads with BLAS's jobs there).
+backend's `forward_scope` (the numba backend reads its thread count once for the pass there).
 
 Under `refimpl.backend("cuda")` the activations stay on the device between ops (as in refimpl.models.llama:
 weights uploaded once, the head permutations run as CUDA kernels, the mask uploaded once per batch); `forward`

@@ -42,6 +42,7 @@ import importlib
 
 import numpy as np
 
+from ...dispatch import forward_scope
 from ...ops import mul_mat
 from ..common import capture_fn, gpu_mode, to_host
 from ..common import layer_norm as common_layer_norm
@@ -120,12 +121,13 @@ def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=No
     if gpu_mode():                            # the state lives on the device from here on (uploaded once)
         state = state.to_device()
     cap = capture_fn(capture)
-    x, state = _module(model.version).forward_seq(model, tokens, state, cap)
-    if not all_logits:
-        x = x[-1:]
-    x = layer_norm(x, model.w("ln_out.weight"), model.w("ln_out.bias"), hp.norm_eps)
-    cap("result_norm", x)
-    logits = to_host(mul_mat(model.w("head.weight"), x))
+    with forward_scope(int(tokens.size), "decoder"):
+        x, state = _module(model.version).forward_seq(model, tokens, state, cap)
+        if not all_logits:
+            x = x[-1:]
+        x = layer_norm(x, model.w("ln_out.weight"), model.w("ln_out.bias"), hp.norm_eps)
+        cap("result_norm", x)
+        logits = to_host(mul_mat(model.w("head.weight"), x))
     cap("result_output", logits)
     return (logits if all_logits else logits[0]), state
 
