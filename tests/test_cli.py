@@ -42,3 +42,14 @@ def test_inspect_lists_the_real_file(model):
     r = run("inspect", model)
     assert r.returncode == 0, r.stderr
     assert "arch 'llama'" in r.stdout and "Q4_1 x210" in r.stdout
+
+
+def test_version_has_one_source():
+    """`refimpl --version` prints the package's version, which the installed metadata takes from the same place
+    (pyproject's dynamic version: refimpl/__init__.py)."""
+    import importlib.metadata
+
+    import refimpl
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"refimpl {refimpl.__version__}", (r.stdout, r.stderr)
+    assert importlib.metadata.version("refimpl") == refimpl.__version__
