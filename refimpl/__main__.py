@@ -94,7 +94,7 @@ def _inspect_llama2c(args) -> int:
     try:
         ck = read_checkpoint(args.file)
     except ValueError as e:
-        print(f"refimpl: {e}", file=sys.stderr)
+        print(f"refimpl: error: {e}", file=sys.stderr)
         return 1
     c = ck.config
     print(f"{args.file}: llama2.c checkpoint version {ck.version}, {ck.file_size} bytes; dim {c.dim}, hidden_dim "
@@ -132,9 +132,11 @@ def _inspect_llama2c(args) -> int:
 def _load_llama2c(args, path):
     from .models import llama2c
     t0 = time.perf_counter()
+    if getattr(args, "verify_checkpoint", False):    # read_checkpoint checks the size against the header
+        _verify_weights(path, llama2c.read_checkpoint(path).tensors.items())
     m = llama2c.load(path, args.tokenizer)
     if m.tokenizer is None:
-        raise SystemExit(f"refimpl: {path} is a llama2.c checkpoint: pass its tokenizer.bin with -k")
+        raise SystemExit(f"refimpl: error: {path} is a llama2.c checkpoint: pass its tokenizer.bin with -k")
     print(f"[loaded {m.path} (llama2.c v{m.metadata['llama2c.version']}, {m.hparams.n_layer} layers) in "
           f"{time.perf_counter() - t0:.2f} s]", file=sys.stderr)
     return m
@@ -181,8 +183,21 @@ def _chat_llama2c(args, m) -> int:
 
 def _sampler(args):
     from .sampling import Sampler
+    if args.seed is None:                     # the seed's default: the current time, said so it can be repeated
+        args.seed = int(time.time())
+        if args.temp > 0:
+            print(f"[seed {args.seed}: repeat with -r {args.seed}]", file=sys.stderr)
     return Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                    repeat_penalty=args.repeat_penalty, seed=args.seed)
+
+
+def _verify_weights(path, tensors) -> None:
+    """--verify-checkpoint: every weight finite (a ValueError naming the file and the tensors otherwise)."""
+    bad = [name for name, t in tensors if not np.all(np.isfinite(np.asarray(t, dtype=np.float32)))]
+    if bad:
+        raise ValueError(f"{path}: non-finite weights in {', '.join(bad[:8])}"
+                         + (f" and {len(bad) - 8} more" if len(bad) > 8 else ""))
+    print(f"[{path}: every weight is finite]", file=sys.stderr)
 
 
 def _model_path(args):
@@ -200,13 +215,20 @@ def _load_llama(args):
         return _load_llama2c(args, l2c)
     t0 = time.perf_counter()
     path = _model_path(args)
-    # weights dequantized once at load when they fit comfortably (f32 size < 2 GiB), else kept quantized
-    deq = args.weights == "f32" or (args.weights == "auto" and os.path.getsize(path) * 8 < 2 << 30)
+    # weights dequantized once at load when they fit comfortably (f32 size < 2 GiB), else kept quantized; the
+    # numba backend keeps them quantized (its fused decode kernels read the blocks: SmolLM2 Q4_1 in fast numerics
+    # 22.8 tok/s against 9.9 with f32 weights on BLAS's sgemv, 2 threads)
+    from .dispatch import current_backend
+    deq = args.weights == "f32" or (args.weights == "auto" and current_backend() != "numba"
+                                    and os.path.getsize(path) * 8 < 2 << 30)
     def bar(i, n):
         if sys.stderr.isatty() or i == n:
             w = 30
             print(f"\rloading {os.path.basename(str(path))} [{'#' * (w * i // n):{w}s}] {100 * i // n:3d}%",
                   end="\n" if i == n else "", file=sys.stderr, flush=True)
+    if getattr(args, "verify_checkpoint", False):
+        from . import gguf
+        _verify_weights(path, gguf.load(path).tensors.items())
     m = llama.load(path, dequantize_weights=deq, progress=bar)
     print(f"[loaded {m.path} ({m.hparams.arch}, {m.hparams.n_layer} layers) in {time.perf_counter() - t0:.2f} s]",
           file=sys.stderr)
@@ -215,7 +237,7 @@ def _load_llama(args):
 
 def _cmd_generate(args) -> int:
     rwkv_path = _rwkv_path(args)
-    with _model_context(args):
+    with _model_context(args, "fast"):
         if rwkv_path:
             return _generate_rwkv(args, rwkv_path)
         return _generate_llama(args)
@@ -227,26 +249,41 @@ def _generate_llama(args) -> int:
     prompt = args.prompt
     if _llama2c_path(args):
         if args.chat_format:
-            raise SystemExit("refimpl: llama2.c checkpoints have no chat template (use `refimpl chat`)")
+            raise SystemExit("refimpl: error: llama2.c checkpoints have no chat template (use `refimpl chat`)")
         args.n_predict = _steps(args, m)
     if args.chat_format:
         prompt = llama.format_chat(m, [{"role": "user", "content": prompt}])
+    tok = m.tokenizer
+    ids = tok.encode(prompt) if prompt else []
+    if not ids:                               # an empty prompt starts from BOS
+        if tok.bos_id is None or tok.bos_id < 0:
+            raise ValueError(f"{m.path}: empty prompt, and the vocabulary has no BOS token")
+        ids = [tok.bos_id]
+    n_ctx_train = m.hparams.n_ctx_train or 2048
+    n_ctx = args.ctx_size or min(n_ctx_train, len(ids) + (args.n_predict if args.n_predict > 0 else n_ctx_train) + 1)
+    if len(ids) >= n_ctx:
+        raise ValueError(f"the prompt is {len(ids)} tokens and the KV cache holds {n_ctx} (--ctx-size): the KV "
+                         "cache would be full before the first new token")
+    steps = args.n_predict if args.n_predict >= 0 else n_ctx - len(ids)   # -1: until EOG or the context is full
+    steps = min(steps, n_ctx - len(ids))
+    sampler = _sampler(args)
     t0 = time.perf_counter()
     n = [0]
     if not args.chat_format:
         print(args.prompt, end="", flush=True)
-    for piece in llama.generate(m, prompt, args.n_predict, _sampler(args), on_token=lambda t: n.__setitem__(0, n[0] + 1)):
+    for piece in llama.generate(m, ids, steps, sampler, cache=llama.new_cache(m, n_ctx),
+                                on_token=lambda t: n.__setitem__(0, n[0] + 1)):
         if not prompt and n[0] == 1 and _llama2c_path(args):
             piece = piece[1:] if piece.startswith(" ") else piece   # run.c: the piece after BOS drops a space
         print(piece, end="", flush=True)
     dt = time.perf_counter() - t0
-    print(f"\n[{n[0]} tokens in {dt:.1f} s, {n[0] / dt:.2f} tok/s]", file=sys.stderr)
+    print(f"\n[{n[0]} tokens in {dt:.1f} s, {n[0] / dt:.2f} tok/s; {_run_label(args)}]", file=sys.stderr)
     return 0
 
 
 def _cmd_chat(args) -> int:
     rwkv_path = _rwkv_path(args)
-    with _model_context(args):
+    with _model_context(args, "fast"):
         if rwkv_path:
             return _chat_rwkv(args, rwkv_path)
         return _chat_llama(args)
@@ -265,7 +302,8 @@ def _chat_llama(args) -> int:
         messages.append({"role": "user", "content": user})
         prompt = llama.format_chat(m, messages)
         reply = []
-        for piece in llama.generate(m, prompt, args.n_predict, sampler, stop=("<|im_end|>",)):
+        for piece in llama.generate(m, prompt, args.n_predict if args.n_predict >= 0 else 1 << 30, sampler):
+            # stops at the model's end-of-generation tokens (llama.cpp's EOG set: <|im_end|>, <|eot_id|>, ...)
             reply.append(piece)
             print(piece, end="", flush=True)
         print()
@@ -335,7 +373,7 @@ def _load_rwkv(args, path):
         else:
             m = rwkv.load(path)
     except (ValueError, ImportError, KeyError) as e:
-        raise SystemExit(f"refimpl: {e}") from None
+        raise SystemExit(f"refimpl: error: {e}") from None
     vocab = args.vocab
     if vocab is None and m.tokenizer is None:
         beside = os.path.join(os.path.dirname(os.path.abspath(path)), RWKV_VOCAB_FILE)
@@ -344,9 +382,9 @@ def _load_rwkv(args, path):
         try:
             m.tokenizer = RWKVTokenizer.from_world_vocab(vocab, vocab_size=m.hparams.vocab)
         except (OSError, ValueError) as e:
-            raise SystemExit(f"refimpl: --vocab: {e}") from None
+            raise SystemExit(f"refimpl: error: --vocab: {e}") from None
     if m.tokenizer is None:
-        raise SystemExit(f"refimpl: {path} has no tokenizer: pass the RWKV World vocabulary with --vocab FILE "
+        raise SystemExit(f"refimpl: error: {path} has no tokenizer: pass the RWKV World vocabulary with --vocab FILE "
                          f"({RWKV_VOCAB_FILE}; the `rwkv` pip package ships it)")
     deq = args.weights == "f32" or (args.weights == "auto" and os.path.getsize(path) * 8 < 2 << 30)
     if deq:
@@ -416,7 +454,7 @@ def _generate_rwkv(args, path) -> int:
     ids = tok.encode(prompt, add_special=False)
     if not ids:                      # an empty prompt starts a document: token 0, RWKV's separator ("<s>")
         if tok.bos_id is None:
-            raise SystemExit("refimpl: empty prompt, and the vocabulary has no start token")
+            raise SystemExit("refimpl: error: empty prompt, and the vocabulary has no start token")
         ids = [tok.bos_id]
     sampler = _CountingSampler(_sampler(args))
     t0 = time.perf_counter()
@@ -534,42 +572,87 @@ def _add_sampling_args(s):
     s.add_argument("-c", "--checkpoint", help="llama2.c checkpoint (export.py versions 0, 1, 2)")
     s.add_argument("-k", "--tokenizer", help="llama2.c tokenizer.bin (default: tokenizer.bin beside the checkpoint)")
     s.add_argument("-n", "-s", "--n-predict", "--steps", dest="n_predict", type=int, default=64,
-                   help="tokens to generate (llama2.c checkpoints: <= 0 means up to seq_len). -s/--steps is the "
-                   "llama2.c ports' name; run.c itself uses -s for the seed, which is --seed here")
-    s.add_argument("-t", "--temp", type=float, default=0.0, help="temperature (0: greedy)")
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--min-p", type=float, default=0.0)
-    s.add_argument("--repeat-penalty", type=float, default=1.0)
+                   help="tokens to generate; -1: until end of generation or the context is full (llama2.c "
+                   "checkpoints: 0 or less means up to seq_len). -s/--steps is the llama2.c ports' name; run.c "
+                   "itself uses -s for the seed, which is -r/--seed here")
+    s.add_argument("-t", "--temperature", "--temp", dest="temp", type=_at_least(0.0, "temperature"), default=0.0,
+                   help="sampling temperature (default 0: greedy)")
+    s.add_argument("--top-k", type=_at_least(0, "top-k", int), default=0,
+                   help="sample among the k most likely tokens only (default 0: all)")
+    s.add_argument("--top-p", type=_within(0.0, 1.0, "top-p", low_open=True), default=1.0,
+                   help="nucleus sampling: the smallest set of tokens whose probability reaches p (default 1: off)")
+    s.add_argument("--min-p", type=_within(0.0, 1.0, "min-p"), default=0.0,
+                   help="drop tokens less likely than min-p times the most likely one (default 0: off)")
+    s.add_argument("--repeat-penalty", type=_above(0.0, "repeat-penalty"), default=1.0,
+                   help="divide the logits of tokens already in the context by this (default 1: off)")
+    s.add_argument("--ctx-size", dest="ctx_size", type=_above(0, "ctx-size", int), default=None,
+                   help="context length in tokens, the KV cache's size (default: what the prompt and -n need, up "
+                   "to the model's training context)")
+    s.add_argument("--verify-checkpoint", action="store_true",
+                   help="check the model file before running: its size against its header (llama2.c) and that "
+                   "every weight is finite")
     s.add_argument("--vocab", help="RWKV: the World vocabulary file (rwkv_vocab_v20230424.txt, as the rwkv "
                    "package ships it) for a checkpoint, or a GGUF, without a tokenizer (default: that file next "
                    "to the checkpoint)")
     s.add_argument("--weights", choices=["auto", "f32", "quantized"], default="auto",
-                   help="dequantize weights once at load (f32) or keep them quantized (default: f32 if small)")
+                   help="dequantize weights once at load (f32) or keep them quantized (default: quantized on the "
+                   "numba backend, whose kernels read the blocks; elsewhere f32 if small)")
 
 
 # -- BERT embeddings, conversion, requantization ------------------------------------------------------
 
 def _add_model_options(s):
     """--backend, --threads, --numerics, --seed: the options every model command takes."""
-    s.add_argument("--backend", choices=["numpy", "numba", "cuda"], default=None,
+    s.add_argument("-b", "--backend", choices=["numpy", "numba", "cuda"], default=None,
                    help="op implementations (default: numba when installed, else numpy; or $REFIMPL_BACKEND)")
-    s.add_argument("--threads", type=int, default=None, help="threads for the numba kernels")
+    s.add_argument("-j", "--threads", type=_above(0, "threads", int), default=None,
+                   help="threads for the numba kernels and for BLAS (default: Numba's and BLAS's own settings)")
     s.add_argument("--numerics", choices=["exact", "ggml", "ggml-nollamafile", "fast"], default=None,
-                   help="exact (f32/f64, the default), ggml (llama.cpp's CPU roundings, where implemented), "
+                   help="exact (f32/f64), ggml (llama.cpp's CPU roundings, where implemented), "
                         "ggml-nollamafile (the same without llamafile's sgemm, as ggml-python builds it) or "
-                        "fast (exact, but mul_mat sums in f32 in the fastest order)")
-    s.add_argument("--seed", type=int, default=None,
-                   help="random seed (of the sampler in generate / chat; unused by deterministic commands)")
+                        "fast (exact, but mul_mat sums in f32 in the fastest order). Default: fast for generate "
+                        "and chat on the numba backend, else exact")
+    s.add_argument("-r", "--seed", type=int, default=None,
+                   help="random seed of the sampler in generate / chat (default: the current time, printed so "
+                   "that a run can be repeated; unused by deterministic commands)")
 
 
-def _model_context(args):
-    """A context manager applying --backend / --numerics / --threads."""
+def _number(kind, name: str, ok, want: str):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--{name} wants {want}, not {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"--{name} wants {want}, not {text!r}")
+        return v
+    return parse
+
+
+def _at_least(lo, name, kind=float):
+    return _number(kind, name, lambda v: v >= lo, f"a number >= {lo}")
+
+
+def _above(lo, name, kind=float):
+    return _number(kind, name, lambda v: v > lo, f"a number > {lo}")
+
+
+def _within(lo, hi, name, low_open=False):
+    ok = (lambda v: lo < v <= hi) if low_open else (lambda v: lo <= v <= hi)
+    return _number(float, name, ok, f"a number in {'(' if low_open else '['}{lo}, {hi}]")
+
+
+def _model_context(args, default_numerics: str | None = None):
+    """A context manager applying --backend / --numerics / --threads. default_numerics: the numerics on the
+    numba backend when --numerics is not given (generate and chat: "fast", the fastest verified path)."""
     import contextlib
     from . import backend, numerics
+    from .dispatch import current_backend
     stack = contextlib.ExitStack()
     if getattr(args, "backend", None):
         stack.enter_context(backend(args.backend))
+    if getattr(args, "numerics", None) is None and default_numerics and current_backend() == "numba":
+        args.numerics = default_numerics
     if getattr(args, "numerics", None):
         stack.enter_context(numerics(args.numerics))
     if getattr(args, "threads", None):
@@ -578,7 +661,14 @@ def _model_context(args):
             numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
         except ImportError:
             pass
+        from threadpoolctl import threadpool_limits
+        stack.enter_context(threadpool_limits(limits=args.threads, user_api="blas"))
     return stack
+
+
+def _run_label(args) -> str:
+    from .dispatch import current_backend, current_numerics
+    return f"backend {current_backend()}, numerics {current_numerics()}"
 
 
 def _bert_model_path(name: str):
@@ -596,18 +686,18 @@ def _cmd_embed(args) -> int:
     if not texts:
         texts = [line.rstrip("\r\n") for line in sys.stdin]
     if not texts:
-        print("refimpl embed: no texts (give them as arguments or one per line on stdin)", file=sys.stderr)
+        print("refimpl: error: no texts (give them as arguments or one per line on stdin)", file=sys.stderr)
         return 1
     path = _bert_model_path(args.model)
     if not os.path.exists(path):
-        print(f"refimpl embed: {path}: no such file or directory (a GGUF file, a Hugging Face directory, or "
+        print(f"refimpl: error: {path}: no such file or directory (a GGUF file, a Hugging Face directory, or "
               f"'minilm')", file=sys.stderr)
         return 1
     with _model_context(args):
         m = bert.load(path)
         pooling = args.pooling or m.pooling or "mean"
         if args.similarity and pooling == "none":
-            print("refimpl embed: --similarity needs a pooled vector per text (not --pooling none)", file=sys.stderr)
+            print("refimpl: error: --similarity needs a pooled vector per text (not --pooling none)", file=sys.stderr)
             return 1
         emb = bert.embed(m, texts, pooling=pooling, normalize=not args.no_normalize, batch_size=args.batch_size)
     sim = None
@@ -643,7 +733,7 @@ def _cmd_convert(args) -> int:
     try:
         out = convert(args.src, args.out, args.type)
     except (ValueError, FileNotFoundError, KeyError) as e:
-        print(f"refimpl convert: {e}", file=sys.stderr)
+        print(f"refimpl: error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
     return 0
@@ -654,7 +744,7 @@ def _cmd_quantize(args) -> int:
     try:
         report = requantize(args.src, args.out, args.type, all=args.all)
     except (ValueError, OSError) as e:
-        print(f"refimpl quantize: {e}", file=sys.stderr)
+        print(f"refimpl: error: {e}", file=sys.stderr)
         return 1
     done = [e for e in report if not e.note]
     kept: dict[str, int] = {}
@@ -704,8 +794,59 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a usage error as one line: `refimpl: error: ...`, exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"refimpl: error: {message} (see `{self.prog} --help`)\n")
+
+
+# optional packages -> the extra that installs them
+_EXTRAS = {"numba": "numba", "llvmlite": "numba", "tokenizers": "tokenizers", "jinja2": "tokenizers",
+           "hypothesis": "testing", "numba_cuda": "cuda", "llama_cpp": "goldens", "torch": "goldens",
+           "sentencepiece": "goldens", "transformers": "goldens", "sentence_transformers": "goldens",
+           "rwkv": "goldens", "ggml": "test", "mkl": "mkl"}
+
+
+def _user_error(e: BaseException) -> str:
+    """The one line a user error prints (after "refimpl: error: ")."""
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        top = e.name.split(".")[0]
+        extra = _EXTRAS.get(top)
+        fix = f"pip install 'refimpl[{extra}]'" if extra else f"pip install {top}"
+        return f"this needs the optional package {top!r}, which is not installed: {fix}"
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="refimpl", description="The reference implementation of ggml in NumPy.")
+    """The command line; user errors (a missing or unreadable file, a file that is not what the command expects,
+    a bad GGUF, an unsupported architecture, a missing optional package, a full KV cache) print one
+    `refimpl: error: ...` line and exit 1, usage errors exit 2, Ctrl-C exits 130. REFIMPL_DEBUG=1 shows the
+    traceback instead."""
+    import os
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:                   # `refimpl ... | head`: the reader left
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    except (OSError, ValueError, ImportError, MemoryError) as e:
+        if os.environ.get("REFIMPL_DEBUG"):
+            raise
+        print(f"refimpl: error: {_user_error(e)}", file=sys.stderr)
+        return 1
+
+
+def _main(argv=None) -> int:
+    p = _Parser(prog="refimpl", description="The reference implementation of ggml in NumPy.")
     from . import __version__
     p.add_argument("--version", action="version", version=f"refimpl {__version__}",
                    help="print refimpl's version and exit")
@@ -728,7 +869,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("generate", help="generate text with a llama-family GGUF model, an RWKV model (rwkv6 / "
                        "rwkv7 GGUF, or a v4-v7 .pth / .safetensors checkpoint) or a llama2.c checkpoint "
                        "(-c CKPT -k tokenizer.bin)")
-    s.add_argument("-p", "--prompt", required=True)
+    s.add_argument("-p", "--prompt", default="", help="the text to continue (default empty: start from BOS)")
     s.add_argument("--chat-format", action="store_true", help="wrap the prompt in the model's chat template "
                    "(RWKV without one: \"User: PROMPT\\n\\nAssistant:\")")
     _add_sampling_args(s)

@@ -199,7 +199,7 @@ def cli(args) -> int:
             rows = check(model, tokens=toks, numerics=mode, pairs=tuple(args.only or PAIRS))
             hit = first_nonfinite(model, toks, mode) if args.nonfinite else None
     except (ValueError, OSError) as e:
-        print(f"refimpl check: {e}", file=sys.stderr)
+        print(f"refimpl: error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows, f"{args.model}: {len(toks)} tokens, numerics={mode}", "check"))
     if args.nonfinite:

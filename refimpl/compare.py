@@ -661,9 +661,9 @@ def cli(args) -> int:
             try:        # the per-op comparison is the test toolkit's (op cases, ggml-python): loaded for --op only
                 from .testing.compare_op import compare_op
             except ImportError as e:
-                print(f"refimpl compare --op: needs the test extra (pip install 'refimpl[test]'): {e}",
-                      file=sys.stderr)
-                return 2
+                print(f"refimpl: error: compare --op needs the optional package {e.name or e!s} (hypothesis and "
+                      "the ggml-python oracle): pip install 'refimpl[test]'", file=sys.stderr)
+                return 1
             rows = compare_op(args.op, numerics=mode, n_cases=args.cases, seed=args.seed or 0)
             title = f"{args.op}: refimpl (numerics={mode}) vs ggml-python, {len(rows)} cases"
         else:
@@ -694,7 +694,7 @@ def cli(args) -> int:
                                    n_threads=args.cpp_threads, max_budget=args.budget)
                 title = f"{args.model}: refimpl (numerics={mode}) vs llama.cpp"
     except (ValueError, KeyError, ImportError) as e:
-        print(f"refimpl compare: {e}", file=sys.stderr)
+        print(f"refimpl: error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows, title, "case" if args.op else "tensor"))
     return 1 if first_over(rows) else 0
