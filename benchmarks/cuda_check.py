@@ -118,14 +118,14 @@ def blas_gflops(quick: bool, reps: int) -> tuple[str, float | None]:
         import cupy
         a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
         fn, sync, lib = (lambda: a @ a), cupy.cuda.Device().synchronize, "cupy"
-    except Exception:
+    except Exception:  # noqa: BLE001 -- no cupy, or no GPU: try torch
         try:
             import torch
             if not torch.cuda.is_available():
                 return "none (torch without CUDA, no cupy)", None
             a = torch.randn(n, n, device="cuda")
             fn, sync, lib = (lambda: a @ a), torch.cuda.synchronize, "torch"
-        except Exception:
+        except Exception:  # noqa: BLE001 -- no torch, or no GPU: no BLAS row
             return "none (neither cupy nor torch)", None
     for _ in range(3):
         fn()
@@ -256,7 +256,7 @@ def check_case(c: Case, reps: int, peak_bw: float) -> Row:
             got = _device.to_host(fn(*dev, **c.kwargs))
             ok, msg = compare(got, want, t)
             ms = timed(lambda: fn(*dev, **c.kwargs), reps)
-    except Exception as e:          # a crashing kernel is a failed check, reported in the table
+    except Exception as e:          # noqa: BLE001 -- a crashing kernel is a failed check, reported in the table
         return Row(c.name, shape, False, f"{type(e).__name__}: {e}"[:200])
     gbs = c.nbytes / (ms * 1e-3) / 1e9
     gfl = c.flops / (ms * 1e-3) / 1e9 if c.flops else None
@@ -290,7 +290,7 @@ def dequant_rows(quick: bool, reps: int, peak_bw: float) -> list[Row]:
             ok = np.array_equal(bits(got), bits(want))
             dblocks = _device.to_device(blocks)
             ms = timed(lambda: kq.dequantize_blocks(t, dblocks), reps)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- a crashing kernel is a failed check, reported in the table
             rows.append(Row(name, f"({nb}, {tr.type_size})", False, f"{type(e).__name__}: {e}"[:200]))
             continue
         gbs = (blocks.nbytes + 4 * nb * tr.blck_size) / (ms * 1e-3) / 1e9

@@ -6,7 +6,8 @@ set to its tree.
     python -m benchmarks.interleaved --before /tmp/before [--after .] [--rounds 3] [--threads 1]
 
 Rows: SmolLM2 Q4_1 prefill ms (128 tokens) and decode ms/token (24 single-token forwards after it), numba,
-fast and exact, best of 4; RWKV-4 decode ms/token (random weights of the 0.1B shape, f32, best of 3); MiniLM sentences/s (numba fast, batches of 32 short / long sentences, best of 5), and the call time
+fast and exact, best of 4; RWKV-4 decode ms/token (random weights of the 0.1B shape, f32, best of 3); MiniLM
+sentences/s (numba fast, batches of 32 short / long sentences, best of 5), and the call time
 of `refimpl.rms_norm` on (1, 576) f32 (the dispatch's per-call cost).
 """
 from __future__ import annotations

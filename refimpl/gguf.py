@@ -540,7 +540,7 @@ class _Writer(GGUFWriter):
 def _np_value_type(dt: np.dtype, key: str) -> GGUFValueType:
     if dt.kind == "b":
         return _T.BOOL
-    if dt.kind in "US" or dt == object:
+    if dt.kind in "US" or dt == np.dtype(object):
         return _T.STRING
     for t, d in _DTYPES.items():
         if t != _T.BOOL and d.kind == dt.kind and d.itemsize == dt.itemsize:

@@ -97,7 +97,8 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     # -- data movement ---------------------------------------------------------------------------------
     ("get_rows", "*", "ggml"): Tol(exact=True, why="rows are copied or dequantized exactly"),
     ("get_rows_back", "*", "ggml"): Tol(exact=True, why="f32 row additions in index order, as ggml-cpu"),
-    ("set_rows", "*", "ggml"): Tol(exact=True, why="ggml-cpu's from_float, bit-exact in refimpl.quantize(method='cpu')"),
+    ("set_rows", "*", "ggml"): Tol(exact=True,
+                                   why="ggml-cpu's from_float, bit-exact in refimpl.quantize(method='cpu')"),
     ("cpy", "*", "ggml"): Tol(exact=True, why="raw copies; conversions with ggml-cpu's own rounding/from_float"),
     ("cast", "*", "ggml"): Tol(exact=True, why="cpy's conversions"),
     ("dup", "*", "ggml"): Tol(exact=True, why="raw copy"),
@@ -299,7 +300,8 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
                                       "smallest top-2 gap seen, 7.2e-5, is 40x the largest |d|; 24 greedy "
                                       "tokens identical, smallest gap on the path 2.6e-3"),
     ("llama.forward", "q4_1", "llama.cpp"): Tol(nmse=4e-3, why="exact mode vs llama.cpp on SmolLM2 Q4_1, last "
-                                                "prompt position: measured 4.2e-5 .. 2.7e-3 (max |d| 0.55 .. 1.15 logits) "
+                                                "prompt position: measured 4.2e-5 .. 2.7e-3 "
+                                                "(max |d| 0.55 .. 1.15 logits) "
                                                 "over the 5 golden prompts, dominated by llama.cpp's Q8_1 activation "
                                                 "quantization (an f16 KV cache changes it by <1%). Looser than ggml's "
                                                 "2e-3 model-test ceiling, which compares backends with identical "

@@ -119,7 +119,8 @@ def llama_cpp_part(model_dir: Path, out: dict, profile: dict, types=("f32", "f16
             convert(model_dir, path, t)
             llm = Llama(model_path=str(path), embedding=True, pooling_type=1, n_ctx=512, n_batch=512,
                         n_ubatch=512, n_threads=2, verbose=False)
-            ids = [llm.tokenize(s.encode("utf-8"), add_bos=True, special=True) for s in SENTENCES]   # as llama-embedding
+            # as llama-embedding
+            ids = [llm.tokenize(s.encode("utf-8"), add_bos=True, special=True) for s in SENTENCES]
             embs = []
             for s_ids in ids:
                 if len(s_ids) > MAX_LEN:                     # the model's max length, cut as sentence-transformers

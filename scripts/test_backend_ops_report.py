@@ -140,7 +140,8 @@ def render(run: Path, modes: list[str]) -> tuple[str, int]:
     for m in modes:
         reasons.update(server_reasons(run / f"serve-{m}.log"))
     ops = sorted(set().union(*[set(t) for t in per_mode.values()]) if per_mode else [])
-    head = "| op | " + " | ".join(f"{m}: passed / failed / not computed" for m in per_mode) + " | ggml-cpu unsupported |"
+    head = ("| op | " + " | ".join(f"{m}: passed / failed / not computed" for m in per_mode)
+            + " | ggml-cpu unsupported |")
     lines += [head, "|---|" + "---|" * len(per_mode) + "---|"]
     totals = {m: collections.Counter() for m in per_mode}
     for op in ops:

@@ -14,8 +14,8 @@ import pytest
 
 from refimpl import backend
 from refimpl.testing.compare_op import compare_op
-from refimpl.compare import (Row, compare, first_over, format_table, llama_cpp_available,
-                             llama_cpp_system_info, profile_problems, run_llama_cpp)
+from refimpl.compare import (Row, compare, first_over, format_table, llama_cpp_system_info, profile_problems,
+                             run_llama_cpp)
 from refimpl.models import llama
 from tests._oracles import require_llama_cpp
 

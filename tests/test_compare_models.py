@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import refimpl
-from refimpl.compare import (compare, family, first_over, format_table, llama_cpp_available, llama_cpp_system_info,
+from refimpl.compare import (compare, family, first_over, format_table, llama_cpp_system_info,
                              model_arch, profile_problems)
 from refimpl.testing.compare_op import _drawn_cases, _same_bits
 from refimpl.convert import convert

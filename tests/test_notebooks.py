@@ -50,7 +50,8 @@ def _kernel_name() -> str:
     try:
         spec = ksm.get_kernel_spec("python3")
         exe = spec.argv[0]
-        if exe in ("python", "python3", "{python}") or pathlib.Path(exe).resolve() == pathlib.Path(sys.executable).resolve():
+        if (exe in ("python", "python3", "{python}")
+                or pathlib.Path(exe).resolve() == pathlib.Path(sys.executable).resolve()):
             return "python3"
     except NoSuchKernel:
         pass
@@ -101,5 +102,6 @@ def test_ipynb_is_generated_from_source_without_outputs(source):
     nb = jupytext.read(ipynb)
     got = [(c.cell_type, c.source) for c in nb.cells]
     assert got == want, f"{ipynb.name} is out of date with {source.name}: jupytext --to ipynb {source.name}"
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
+    dirty = [i for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
     assert not dirty, f"{ipynb.name}: cells {dirty} carry outputs; regenerate it from {source.name}"

@@ -171,7 +171,8 @@ def test_stream_equals_decode(tok, golden):
         assert tail == ""
 
 
-@pytest.mark.parametrize("text", ["😀", "👨‍👩‍👧‍👦", "日本語のテキスト", "🇫🇷🇯🇵 ok", "a😀b😀c", "안녕하세요 세계", "naïve café"])
+@pytest.mark.parametrize("text", ["😀", "👨‍👩‍👧‍👦", "日本語のテキスト", "🇫🇷🇯🇵 ok", "a😀b😀c", "안녕하세요 세계",
+                                  "naïve café"])
 def test_stream_holds_back_split_characters(bpe, text):
     """A character spread over several tokens appears whole, with the token that completes it."""
     ids = bpe.encode(text, add_special=False)

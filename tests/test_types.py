@@ -84,6 +84,7 @@ def test_qtensor_from_bytes_and_errors():
 
 def test_import_does_not_pull_in_numba():
     """`import refimpl` stays light (its cold time is measured in benchmarks/import_time.py)."""
-    code = "import sys, refimpl, refimpl.gguf; print(sorted(m for m in ('numba', 'llvmlite', 'ggml') if m in sys.modules))"
+    code = ("import sys, refimpl, refimpl.gguf; "
+            "print(sorted(m for m in ('numba', 'llvmlite', 'ggml') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -214,7 +214,7 @@ def detect(path) -> bool:
         else:
             import torch
             names = list(torch.load(str(p), map_location="cpu", weights_only=True, mmap=True))
-    except Exception:                               # not ours to judge: no torch, not a state dict, ...
+    except Exception:                               # noqa: BLE001 -- not ours to judge: no torch, not a state dict, ...
         return False
     names = [n for k in names for n, _ in _hf_to_blinkdl(k, np.zeros((1, 1)))] if not any(
         k.startswith("blocks.") for k in names) else names

@@ -324,7 +324,8 @@ def _batched_f32(W, b4, na, nb, r2, r3) -> np.ndarray:
 
 def _batched_split(W, b4, na, nb, r2, r3) -> np.ndarray:
     """_batched_f32 as one `blas.gemm_nt` per weight batch (MKL's, split over refimpl's threads; W
-    C-contiguous, from _weights): b's r3 x r2 batches that share weight batch (i3, i2) as one (r3 * r2 * m, k) matrix where they
+    C-contiguous, from _weights): b's r3 x r2 batches that share weight batch (i3, i2) as one (r3 * r2 * m, k)
+    matrix where they
     are adjacent in memory, else one call each."""
     out = np.empty((nb[3], nb[2], nb[1], na[1]), np.float32)
     k, n = nb[0], na[1]

@@ -37,7 +37,6 @@ def get_rows(a, rows):
         return ref_mv.get_rows.reference(a, rows)
     tr = traits(a.type)
     na, nr = ne4(a.shape), ne4(rows.shape)
-    nb = na[0] // tr.blck_size
     d4 = a.data.reshape(na[3], na[2], na[1], a.data.shape[-1])
     sel = d4[np.arange(na[3])[:, None, None], np.arange(na[2])[None, :, None], rows.reshape(na[3], na[2], nr[0])]
     src = np.ascontiguousarray(sel).reshape(-1, tr.type_size)               # the selected rows' blocks

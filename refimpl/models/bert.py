@@ -48,7 +48,8 @@ Captured activations are the padded batch: (n_seq, n_tokens, ...) as ggml's ne [
 
 Without a capture the sublayers are refimpl.ops.fused's ops (a capture runs them op by op, so every named
 tensor exists): the tail of each sublayer -- the projection's bias, the residual, norm, * w, + b -- is
-`add_norm_affine`, the FFN's up projection, bias and GELU `mul_mat_add_gelu`, each projection with its bias `mul_mat_add`, and the
+`add_norm_affine`, the FFN's up projection, bias and GELU `mul_mat_add_gelu`, each projection with its bias
+`mul_mat_add`, and the
 attention `attn_qkv` (Q, K, V from one stacked weight, derived at load) or `attn_mha`. Their references are the
 op sequences; the numba backend registers one-pass kernels with the ops' bits (and, in numerics="fast", one
 attention kernel: f32 sums in index order, an order fast mode allows mul_mat). The forward pass runs in the
@@ -70,7 +71,8 @@ from .. import gguf as _gguf
 from ..dispatch import forward_scope
 from ..ops import add, gelu, gelu_erf, get_rows, mul_mat, soft_max_ext
 from ..ops.fused import add_norm_affine, attn_mha, attn_qkv, mul_mat_add, mul_mat_add_gelu, stack_qkv
-from .common import capture_fn, device_constant, gpu_mode, layer_norm, no_capture, on_device, permuted, to_device, to_host
+from .common import (capture_fn, device_constant, gpu_mode, layer_norm, no_capture, on_device, permuted, to_device,
+                     to_host)
 
 A = Any  # np.ndarray or QTensor
 

@@ -37,5 +37,6 @@ def get_quantizer(t: GGMLType, method: str = "chunk"):
         raise ValueError(f"unknown quantize method {method!r}; one of {METHODS}")
     fn = QUANTIZERS.get((t, method)) or QUANTIZERS.get((t, "ref"))
     if fn is None:
-        raise ValueError(f"no {method!r} quantizer for ggml type {t.name}: ggml quantizes it only with an importance matrix, or not at all")
+        raise ValueError(f"no {method!r} quantizer for ggml type {t.name}: ggml quantizes it only with an importance "
+                         "matrix, or not at all")
     return fn

@@ -9,7 +9,8 @@ computing the wrong op.
 
 Sources come as NumPy views of the server's buffers (NumPy order: ne reversed, leading size-1 axes dropped
 down to two, so a decode's activation row is (1, n_embd) as in refimpl's models and the kernels' decode paths
-apply) or as QTensor views for block types and BF16; a handler returns the node's value (any layout with the node's element count)
+apply) or as QTensor views for block types and BF16; a handler returns the node's value (any layout with the node's
+element count)
 and the server converts it to the node's type and writes it into the node's bytes.
 """
 from __future__ import annotations
@@ -484,4 +485,5 @@ def sub_op(op_name: str, p: Params) -> str:
     return f"{op_name}:{names[k] if 0 <= k < len(names) else k}"
 
 
-assert set(OPS) | NO_COMPUTE | set(NOT_COMPUTED) == set(OP_NAMES), set(OP_NAMES) - set(OPS) - NO_COMPUTE - set(NOT_COMPUTED)
+assert set(OPS) | NO_COMPUTE | set(NOT_COMPUTED) == set(OP_NAMES), \
+    set(OP_NAMES) - set(OPS) - NO_COMPUTE - set(NOT_COMPUTED)

@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", help="coverage log written by the test suite (REFIMPL_COVERAGE_LOG)")
     ap.add_argument("--run", action="store_true", help="run tests/golden now to produce the log")
-    ap.add_argument("--strict", action="store_true", help="exit 1 unless every in-scope op is implemented and golden-tested")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 unless every in-scope op is implemented and golden-tested")
     a = ap.parse_args(argv)
     log = None
     path = a.log

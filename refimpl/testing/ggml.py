@@ -311,7 +311,7 @@ def run(build, *inputs, n_threads: int = 1, mem: int | None = None, isolate: boo
             os.environ["GGML_NO_BACKTRACE"] = "1"
             try:
                 payload = pickle.dumps(("ok", _run(build, *inputs, n_threads=n_threads, mem=mem)))
-            except BaseException as e:              # a Python-side error: re-raised in the parent
+            except BaseException as e:              # noqa: BLE001 -- a Python-side error: re-raised in the parent
                 payload = pickle.dumps(("err", e if _picklable(e) else RuntimeError(repr(e))))
             with os.fdopen(w, "wb") as f:
                 f.write(payload)
@@ -338,7 +338,7 @@ def _picklable(e) -> bool:
     try:
         pickle.dumps(e)
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 -- whatever pickling raises means: not picklable
         return False
 
 

@@ -10,7 +10,8 @@ def _cuda_backend():
     """Every test here runs its ops under refimpl.backend("cuda")."""
     from numba import cuda
     if not cuda.is_available():
-        pytest.fail("numba.cuda has neither a GPU nor the simulator (NUMBA_ENABLE_CUDASIM=1 is set by tests/conftest.py)")
+        pytest.fail("numba.cuda has neither a GPU nor the simulator "
+                    "(NUMBA_ENABLE_CUDASIM=1 is set by tests/conftest.py)")
     from refimpl import backend
     with backend("cuda"):
         yield

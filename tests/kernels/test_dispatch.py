@@ -18,7 +18,8 @@ pytestmark = pytest.mark.property
 def _run(code, **env):
     e = {k: v for k, v in os.environ.items() if k != "REFIMPL_BACKEND"}
     e.update(env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=e).stdout.split()
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=e).stdout.split()
 
 
 def test_default_is_numba_and_loads_lazily():
@@ -44,4 +45,5 @@ def test_kernel_for_follows_the_backend():
     x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
     with refimpl.backend("numba"):
         q = refimpl.quantize(x, "q4_0")
-        np.testing.assert_array_equal(refimpl.dequantize(q), k(np.ascontiguousarray(q.data).reshape(-1, 18)).reshape(3, 64))
+        blocks = np.ascontiguousarray(q.data).reshape(-1, 18)
+        np.testing.assert_array_equal(refimpl.dequantize(q), k(blocks).reshape(3, 64))

@@ -5,7 +5,8 @@ Every weight type with a kernel: hypothesis cases of the golden test (tests/orac
 `faithful_cases`: weights quantized from drawn f32 values or random block bytes with finite scales; 1 to 8
 activation rows in f32 or already in the vec_dot type, random Q8 bytes with -128 levels included;
 broadcast batches, strided rows), then a matrix large enough for several threads, extreme levels (lane
-sums past 2^24, every activation -128), mul_mat_id (same kernels), and a few cases against live ggml. The Q8_0 / Q8_1 activation
+sums past 2^24, every activation -128), mul_mat_id (same kernels), and a few cases against live ggml. The Q8_0 / Q8_1
+activation
 quantizers: bytes against the NumPy ones on adversarial blocks (NaN, inf, ties, huge, subnormal).
 """
 import numpy as np

@@ -157,7 +157,8 @@ def test_convert_writes_what_llama_cpps_converter_writes(ggufs, t):
     for name, info in f.tensor_info.items():
         r = ref["tensors"][name]
         data = f.data[info.file_offset:info.file_offset + info.nbytes].tobytes()
-        assert (info.type.name, list(info.ne), hashlib.sha256(data).hexdigest()) == (r["type"], r["ne"], r["sha256"]), name
+        got = (info.type.name, list(info.ne), hashlib.sha256(data).hexdigest())
+        assert got == (r["type"], r["ne"], r["sha256"]), name
 
 
 def test_q8_0_in_ggml_numerics_is_llama_cpp_bit_for_bit(ggufs, golden):

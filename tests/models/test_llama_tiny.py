@@ -30,7 +30,8 @@ def test_decode_token_by_token_equals_prefill(model):
 def test_chunked_prefill_equals_one_shot(model):
     full = llama.forward(model, TOKENS, llama.new_cache(model, 32))
     c = llama.new_cache(model, 32)
-    parts = [llama.forward(model, TOKENS[:3], c), llama.forward(model, TOKENS[3:8], c), llama.forward(model, TOKENS[8:], c)]
+    parts = [llama.forward(model, TOKENS[:3], c), llama.forward(model, TOKENS[3:8], c),
+             llama.forward(model, TOKENS[8:], c)]
     assert_nmse(np.concatenate(parts), full, tol("llama.forward", "f32", "prefill").nmse, "chunked vs one shot")
 
 
@@ -78,7 +79,8 @@ def test_loader_rejects_inconsistent_hyper_parameters(tmp_path):
     f = gguf.load(path)
     md = dict(f.metadata)
     md["llama.attention.head_count"] = 5                  # does not divide n_embd 64
-    gguf.save(tmp_path / "bad.gguf", md, {k: np.array(v) if not hasattr(v, "type") else v for k, v in f.tensors.items()})
+    gguf.save(tmp_path / "bad.gguf", md,
+              {k: np.array(v) if not hasattr(v, "type") else v for k, v in f.tensors.items()})
     with pytest.raises(ValueError, match="head_count 5 does not divide embedding_length 64"):
         llama.load(tmp_path / "bad.gguf")
 

@@ -1,8 +1,9 @@
-import pytest
 """Every op of the pinned ggml's enums is implemented and has golden cases, or is a listed exclusion.
 
 Read from ggml-python's enums, so an op added to ggml shows up here as a failure.
 """
+import pytest
+
 from refimpl.ops import OPS
 from refimpl.testing.cases import ops_with_cases, ops_with_named
 from refimpl.testing.coverage import EXCLUDED, ggml_ops

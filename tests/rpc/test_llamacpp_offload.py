@@ -102,7 +102,8 @@ def test_ggml_numerics_bit_identical_to_ggml_rpc_server(model, references):
                 theirs = run_llama_cpp(path, tf, capture=False, rpc=theirs_endpoint)
                 ours = run_llama_cpp(path, tf, capture=False, rpc=f"127.0.0.1:{srv.port}")
                 diff = np.flatnonzero(ours.logits.view(np.uint32) != theirs.logits.view(np.uint32))
-                assert diff.size == 0, (f"{diff.size} logits differ, first at {np.unravel_index(diff[0], ours.logits.shape)}"
+                first = np.unravel_index(diff[0], ours.logits.shape) if diff.size else None
+                assert diff.size == 0, (f"{diff.size} logits differ, first at {first}"
                                         f": ours {ours.logits.flat[diff[0]]!r} ggml {theirs.logits.flat[diff[0]]!r}")
 
 

@@ -112,7 +112,8 @@ def _scalars(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
     lo, hi = ref_rope.yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     mscale = F32(attn_factor)
     if F32(ext_factor) != 0:
-        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(ref_rope.libm_f32(np.log, F32(1.0) / F32(freq_scale)))
+        log_inv = ref_rope.libm_f32(np.log, F32(1.0) / F32(freq_scale))
+        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(log_inv)
         mscale = F32(mscale * F32(inner))
     return theta_scale, F32(lo), F32(hi), mscale
 

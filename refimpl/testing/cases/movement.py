@@ -339,7 +339,7 @@ def _factor_shape(draw, total: int, n0_mult: int) -> tuple:
 
 def _cpy_case(a, b, ts, td):
     nm = (f"CPY(type_src={tname(ts)},type_dst={tname(td)},ne_src={ne_str(a)},ne_dst={ne_str(b)}"
-          + (f",view_src" if not _contig(a) else "") + (",view_dst" if not _contig(b) else "") + ")")
+          + (",view_src" if not _contig(a) else "") + (",view_dst" if not _contig(b) else "") + ")")
     return OpCase("cpy", (a, b), build=lambda ctx, x, y: _g().ggml_cpy(ctx, x, y), type=tname(td), name=nm,
                   post=_qpost(b.shape))
 
