@@ -96,12 +96,10 @@ def test_a_missing_optional_package_names_the_pip_command(tmp_path):
     assert_one_error_line(r, "hypothesis", "pip install 'refimpl[test]'")
 
 
-def test_a_missing_optional_package_anywhere_names_its_extra(tmp_path):
-    """A command whose code imports an optional package that is missing: jinja2, for SmolLM2's chat template."""
-    from tests._models import SMOLLM2_FILE, missing_reason, smollm2_path
-    model = smollm2_path()
-    if model is None:
-        pytest.skip(missing_reason(SMOLLM2_FILE))
+def test_a_missing_optional_package_anywhere_names_its_extra(tmp_path, tiny):
+    """A command whose code imports an optional package that is missing: jinja2, for a chat template."""
+    from tests.test_extras import _with_template
+    model = _with_template(tiny, tmp_path / "chat.gguf")
     shadow = tmp_path / "shadow" / "jinja2"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'jinja2'\", name='jinja2')\n")
