@@ -325,8 +325,7 @@ def _batched_f32(W, b4, na, nb, r2, r3) -> np.ndarray:
 def _batched_split(W, b4, na, nb, r2, r3) -> np.ndarray:
     """_batched_f32 as one `blas.gemm_nt` per weight batch (MKL's, split over refimpl's threads; W
     C-contiguous, from _weights): b's r3 x r2 batches that share weight batch (i3, i2) as one (r3 * r2 * m, k)
-    matrix where they
-    are adjacent in memory, else one call each."""
+    matrix where they are adjacent in memory, else one call each."""
     out = np.empty((nb[3], nb[2], nb[1], na[1]), np.float32)
     k, n = nb[0], na[1]
     for i3 in range(na[3]):
@@ -473,7 +472,6 @@ def mul_mat(a, b) -> np.ndarray:
     r2, r3 = nb[2] // na[2], nb[3] // na[3]
     n, k = na[1], na[0]
     use_mkl = fast and mkl.available()
-    omp_team = use_mkl                                    # the products run on Numba's threads
     if fast and tid is None and na[2] * na[3] > 1 and r3 * r2 * nb[1] > DECODE_ROWS:
         batched = _batched_split if use_mkl else _batched_f32
         return batched(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
@@ -512,7 +510,7 @@ def mul_mat(a, b) -> np.ndarray:
                     nbk = w.shape[1]                   # blocks per row
                     blocks = w2[lo * nbk:hi * nbk]
                     t32 = _tile(blocks.shape[0], k // nbk)
-                    if omp_team:                    # the prange decoders (see the section notes)
+                    if use_mkl:                     # MKL's split runs on Numba's threads: the prange decoders
                         quants.decode_tensor(tid, blocks, t32)
                     elif fast and tid in FAST:      # vector decode, this thread (see the section notes)
                         quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())
