@@ -18,10 +18,14 @@ if [ "$#" -gt 0 ]; then
 fi
 # The whole suite. tests/cuda runs in numba's CUDA simulator (one Python thread per CUDA thread: GIL-bound,
 # one core) in a second pytest process beside the rest, so both cores work; its log follows the main one.
+# The simulator process gets one thread of everything; the main one keeps Numba's threads, but BLAS's own
+# threads stay off (their spinning between the suite's many small products starves the other process; the
+# splits refimpl makes over its own threads are unaffected). --durations names the slowest tests in the log.
 cuda_log="$(mktemp)"
-.venv/bin/python -m pytest -p no:cacheprovider tests/cuda >"$cuda_log" 2>&1 &
+NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_NUM_THREADS=1 \
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=15 tests/cuda >"$cuda_log" 2>&1 &
 cuda_pid=$!
-.venv/bin/python -m pytest --ignore=tests/cuda
+OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 .venv/bin/python -m pytest --durations=40 --ignore=tests/cuda
 rc=$?
 wait "$cuda_pid"
 cuda_rc=$?
