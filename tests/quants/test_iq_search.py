@@ -31,7 +31,7 @@ def _ggml_tables(ggml):
         ggml.quantize(np.zeros((1, 256), np.float32), t, "chunk")
 
 
-# Each example is a handful of blocks; one call costs ~10-20 ms here, so the ci profile's 300 examples
+# Each example is a handful of blocks; one call costs ~10-20 ms here, so the ci profile's 150 examples
 # run in a few seconds per type.
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 @given(data=st.data())
