@@ -19,8 +19,8 @@ fi
 # The whole suite. tests/cuda runs in numba's CUDA simulator (one Python thread per CUDA thread: GIL-bound,
 # one core) in a second pytest process beside the rest, so both cores work; its log follows the main one.
 # The simulator process gets one thread of everything; the main one keeps Numba's threads, but BLAS's own
-# threads stay off (their spinning between the suite's many small products starves the other process; the
-# splits refimpl makes over its own threads are unaffected). --durations names the slowest tests in the log.
+# threads stay off, so that two processes on two cores do not also run idle-spinning BLAS threads (the splits
+# refimpl makes over its own threads are unaffected). --durations names the slowest tests in the log.
 cuda_log="$(mktemp)"
 NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_NUM_THREADS=1 \
   .venv/bin/python -m pytest -p no:cacheprovider --durations=15 tests/cuda >"$cuda_log" 2>&1 &
