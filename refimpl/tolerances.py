@@ -159,6 +159,10 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
                                                   "the f32 theta (an ulp is p * 6e-8 rad, p < 1037); per |q||k|"),
     ("flash_attn_ext", "f32", "property"): Tol(nmse=1e-12, why="f64 attention vs mul_mat/soft_max_ext/mul_mat "
                                                "in f32 with f64 sums: f32 roundings of scores and probabilities"),
+    ("opt_step_adamw", "f32", "ggml"): Tol(exact=True, why="f32 steps with ggml-cpu's FMAs: 153 of 153 cases "
+                                           "bit-identical (a', m' and v')"),
+    ("opt_step_sgd", "f32", "ggml"): Tol(exact=True, why="one FMA per element, as ggml-cpu: 152 of 152 cases "
+                                         "bit-identical"),
     ("cross_entropy_loss", "f32", "ggml"): Tol(nmse=1e-10, why="ggml-cpu adds the row sums in f32: measured max "
                                                "NMSE 8.6e-14 (3 ulp) over 307 cases (<= 64 rows); ggml's 1e-7"),
     ("cross_entropy_loss_back", "f32", "ggml"): Tol(nmse=1e-12, why="ggml-cpu's SIMD exp: measured max NMSE "

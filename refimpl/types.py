@@ -1,6 +1,9 @@
 """ggml tensor types and their traits.
 
-`GGMLType` is the `gguf` package's `GGMLQuantizationType` (same numbers as ggml's `enum ggml_type`).
+`GGMLType` is ggml's `enum ggml_type` (ggml 0.25.3's `ggml.h`: the 0.15.3 types plus Q2_0), an IntEnum with
+the same names and numbers as the `gguf` package's `GGMLQuantizationType`, which it equals member for member
+(`GGMLType.Q4_0 == GGMLQuantizationType.Q4_0`), so either works as a dict key or a type argument. refimpl
+keeps its own because gguf-py lags ggml (gguf 0.19.0 has no Q2_0); a test checks both against `ggml.h`.
 The traits (elements per block, bytes per block) are ggml's own, from its type-traits table in
 `src/ggml.c`; the `gguf` package's size table disagrees with ggml for Q8_1 (it says 40 bytes, ggml's
 `block_q8_1` is 36: d and s as two f16, then 32 int8), so refimpl keeps its own table and tests it
@@ -9,9 +12,48 @@ against `ggml_blck_size` / `ggml_type_size` of the pinned ggml for every type.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
-from gguf.constants import GGMLQuantizationType as GGMLType
+
+
+class GGMLType(IntEnum):
+    """ggml's enum ggml_type (ggml 0.25.3; gaps are types ggml removed)."""
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    IQ1_M = 29
+    BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+    Q2_0 = 42        # ggml 0.25.3
 
 __all__ = ["GGMLType", "TypeTraits", "traits", "type_traits", "as_type", "row_bytes", "NUMPY_DTYPES"]
 
@@ -29,7 +71,7 @@ class TypeTraits:
         return 8.0 * self.type_size / self.blck_size
 
 
-# type: (ggml name, blck_size, type_size, is_quantized) -- ggml 0.15.3, src/ggml.c type_traits
+# type: (ggml name, blck_size, type_size, is_quantized) -- ggml 0.15.3's src/ggml.c type_traits, plus Q2_0 (0.25.3)
 _TABLE = {
     GGMLType.F32: ("f32", 1, 4, False),
     GGMLType.F16: ("f16", 1, 2, False),
@@ -65,6 +107,7 @@ _TABLE = {
     GGMLType.MXFP4: ("mxfp4", 32, 17, True),
     GGMLType.NVFP4: ("nvfp4", 64, 36, True),
     GGMLType.Q1_0: ("q1_0", 128, 18, True),
+    GGMLType.Q2_0: ("q2_0", 64, 18, True),        # ggml 0.25.3
 }
 
 type_traits: dict[GGMLType, TypeTraits] = {
@@ -101,7 +144,7 @@ def traits(t) -> TypeTraits:
     try:
         return type_traits[t]
     except KeyError:
-        raise ValueError(f"ggml type {t.name} ({int(t)}) has no traits in ggml 0.15.3") from None
+        raise ValueError(f"ggml type {t.name} ({int(t)}) has no traits in ggml 0.25.3") from None
 
 
 def row_bytes(t, n: int) -> int:

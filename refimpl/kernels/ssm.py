@@ -78,8 +78,11 @@ def _dims(s, x, dt, A, B, C, ids):
 
 
 @register("ssm_scan", backend="numba")
-def ssm_scan(s, x, dt, A, B, C, ids) -> np.ndarray:
-    """ggml_ssm_scan (see refimpl.ops.recurrent.ssm_scan) in Numba."""
+def ssm_scan(s, x, dt, A, B, C, ids, K: int = 1) -> np.ndarray:
+    """ggml_ssm_scan (see refimpl.ops.recurrent.ssm_scan) in Numba; rollback snapshots (K > 1) by the
+    reference."""
+    if K != 1:
+        return NotImplemented
     args = [np.asarray(v) for v in (s, x, dt, A, B, C, ids)]
     dims = _dims(*args)
     if dims is None:

@@ -123,7 +123,8 @@ def im2col(a, b: np.ndarray, s0: int = 1, s1: int = 1, p0: int = 0, p1: int = 0,
         out[n, oh, ow, (ic*KH + kh)*KW + kw] = b[n, ic, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0]   (0 outside)
 
     O = (I + 2p - d(k-1) - 1) / s + 1 (C division). dst_type F32 copies exactly; F16 rounds the data to f16
-    (ggml then requires an f16 kernel a; b f32 or f16). ggml's 2-D kernel reads each (IH, IW) plane of b as
+    (b f32 or f16; ggml 0.15.3 also requires an f16 kernel a, 0.25.3 reads only its shape, as refimpl
+    does). ggml's 2-D kernel reads each (IH, IW) plane of b as
     packed rows (it ignores b's nb1): refimpl reads the values of any view.
     """
     nonempty("im2col", a=a, b=b)
@@ -135,7 +136,6 @@ def im2col(a, b: np.ndarray, s0: int = 1, s1: int = 1, p0: int = 0, p1: int = 0,
     if not is_2D and (na[1] != nb[1] or nb[3] != 1):
         fail("im2col", "1-D: kernel ne1 (IC) must equal data ne1, and data must be 3-D", a=a, b=b)
     if dt == np.float16:
-        _need("im2col", "an f16 dst needs kernel a", a, [np.float16], a=a, b=b)
         _need("im2col", "data b", b, [np.float32, np.float16], a=a, b=b)
     else:
         _need("im2col", "data b", b, [np.float32], a=a, b=b)
@@ -473,7 +473,7 @@ def conv_2d_dw_direct(a: np.ndarray, b: np.ndarray, stride0: int = 1, stride1: i
                       pad1: int = 0, dilation0: int = 1, dilation1: int = 1) -> np.ndarray:
     """ggml_conv_2d_dw_direct(ctx, a, b, stride0, stride1, pad0, pad1, dilation0, dilation1): depthwise conv.
 
-    a (kernel)  ne [KW, KH, 1, C]    numpy (C, 1, KH, KW)   f32
+    a (kernel)  ne [KW, KH, 1, C]    numpy (C, 1, KH, KW)   f32, or f16 (ggml 0.25.3: widened exactly)
     b (data)    ne [W, H, C, N]      numpy (N, C, H, W)     f32
     out         ne [OW, OH, C, N]    numpy (N, C, OH, OW)   f32
 
@@ -486,7 +486,7 @@ def conv_2d_dw_direct(a: np.ndarray, b: np.ndarray, stride0: int = 1, stride1: i
     """
     nonempty("conv_2d_dw_direct", a=a, b=b)
     b = np.asarray(b)
-    _need("conv_2d_dw_direct", "kernel a", a, [np.float32], a=a, b=b)
+    _need("conv_2d_dw_direct", "kernel a", a, [np.float32, np.float16], a=a, b=b)
     _need("conv_2d_dw_direct", "data b", b, [np.float32], a=a, b=b)
     na, nb = ne4(a.shape), ne4(b.shape)
     if na[2] != 1 or na[3] != nb[2]:
@@ -515,8 +515,10 @@ def conv_3d_direct(a: np.ndarray, b: np.ndarray, s0: int, s1: int, s2: int, p0: 
                                     b[i*c + ic, od*s2 + kd*d2 - p2, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0]
 
     Same result as conv_3d. An f16 kernel rounds the data to f16 first (as ggml-cpu's patches); f64 sums.
+    A kernel with an empty spatial axis (KW, KH or KD 0, which ggml 0.25.3 accepts) sums nothing: zeros,
+    with O = (I + 2p + d - 1) / s + 1 along that axis.
     """
-    nonempty("conv_3d_direct", a=a, b=b)
+    nonempty("conv_3d_direct", b=b)
     b = np.asarray(b)
     _direct_kernel("conv_3d_direct", a, b)
     na, nb = ne4(a.shape), ne4(b.shape)
@@ -527,6 +529,8 @@ def conv_3d_direct(a: np.ndarray, b: np.ndarray, s0: int, s1: int, s2: int, p0: 
                   conv_size(nb[2], na[2], s2, p2, d2))
     if min(OW, OH, OD) <= 0:
         fail("conv_3d_direct", f"b too small compared to a (OW={OW}, OH={OH}, OD={OD})", a=a, b=b)
+    if 0 in na:
+        return np.zeros((n * oc, OD, OH, OW), np.float32)
     x = _as_kernel_type(b.reshape(n, c, nb[2], nb[1], nb[0]), a)
     cols = _patches(x, (na[2], na[1], na[0]), (s2, s1, s0), (p2, p1, p0), (d2, d1, d0), (OD, OH, OW))
     w = _f64(a).reshape(oc, c, na[2], na[1], na[0])

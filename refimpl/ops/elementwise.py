@@ -490,15 +490,15 @@ def trunc(a):
 def silu(a):
     """ggml_silu: sigmoid linear unit (swish), e.g. the FFN gate of llama (n_tokens, n_ff).
 
-    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16 (bf16: ggml 0.25.3), rows contiguous
     out  a's shape and type
 
-        out = a / (1 + exp(-a))   (f32 steps)
+        out = a / (1 + exp(-a))   (f32 steps, rounded once to a's type)
 
     exp is the true exponential rounded to f32. ggml-cpu's f32 kernel (AVX2) uses a SIMD polynomial exp on
     8-element chunks and libm expf on the row's tail: results differ from it by about an ulp.
     """
-    return map_unary("silu", a, _silu, ("f32", "f16"))
+    return map_unary("silu", a, _silu)
 
 
 def _silu(x):
@@ -509,9 +509,9 @@ def _silu(x):
 @_doc(_unary_doc("ggml_gelu_erf: the exact (erf) GELU, e.g. BERT's FFN.",
                  "out = 0.5 * a * (1 + erff(a * 0.70710678))   (f32 steps, no table)",
                  _LIBM_NOTE + " For large negative a the f32 formula cancels (relative error ~1e-5 at "
-                 "-4 vs the true GELU), as in ggml.", "f32/f16"))
+                 "-4 vs the true GELU), as in ggml. bf16 (ggml 0.25.3): the same f32 steps, rounded once to bf16."))
 def gelu_erf(a):
-    return map_unary("gelu_erf", a, _gelu_erf, ("f32", "f16"))
+    return map_unary("gelu_erf", a, _gelu_erf)
 
 
 SQRT_2_INV = f32(0.70710678118654752440084436210484)
@@ -534,9 +534,19 @@ def gelu_table() -> np.ndarray:
     """
     x = f16_to_f32(np.arange(65536, dtype=np.uint16).view(np.float16))
     with np.errstate(all="ignore"):
-        inner = _SQRT_2_OVER_PI * x * fma32(_GELU_COEF_A * x, x, f32(1))
-        y = f32(0.5) * x * (f32(1) + _libm(np.tanh, inner))
+        y = _gelu_tanh(x)
     return f16_bits(y).view(np.float16)
+
+
+def _gelu_tanh(x):
+    """ggml_gelu_f32: 0.5*x*(1 + tanhf(sqrt(2/pi)*x*(1 + 0.044715*x*x))), f32 steps, the inner sum one FMA."""
+    inner = _SQRT_2_OVER_PI * x * fma32(_GELU_COEF_A * x, x, f32(1))
+    return f32(0.5) * x * (f32(1) + _libm(np.tanh, inner))
+
+
+def _gelu_quick(x):
+    """ggml_gelu_quick_f32: x * (1 / (1 + expf(-1.702*x))), f32 steps."""
+    return x * (f32(1) / (f32(1) + _expf(_GELU_QUICK_COEF * x)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -544,7 +554,7 @@ def gelu_quick_table() -> np.ndarray:
     """ggml-cpu's GELU_QUICK table: T[h] = fl16(x * (1 / (1 + expf(-1.702*x)))), x the f16 value h, f32 steps."""
     x = f16_to_f32(np.arange(65536, dtype=np.uint16).view(np.float16))
     with np.errstate(all="ignore"):
-        y = x * (f32(1) / (f32(1) + _expf(_GELU_QUICK_COEF * x)))
+        y = _gelu_quick(x)
     return f16_bits(y).view(np.float16)
 
 
@@ -561,22 +571,23 @@ def _gelu_f32(x):
 def gelu(a):
     """ggml_gelu: the tanh-approximation GELU, as ggml-cpu defines it: through an f16 lookup table.
 
-    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16 (bf16: ggml 0.25.3), rows contiguous
     out  a's shape and type
 
         gelu(x) = 0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x**2)))
         f32 a:  out = 0 if a <= -10, a if a >= 10, else T[fl16(a)]      (T = gelu_table())
         f16 a:  out = T[a]
+        bf16 a: out = fl_bf16(gelu(a))   (the formula in f32 steps, no table: ggml_vec_gelu_bf16)
 
     ggml-cpu evaluates GELU only through this 65536-entry table, so the input is rounded to f16 and the
     output has f16 precision (up to ~4e-3 abs from the formula). refimpl's exact mode uses the same table
     (bit-exact with ggml-cpu): the formula itself misses ggml-cpu by NMSE 8.8e-8 on uniform [-1, 1] data,
     nearly ggml's whole 1e-7 test budget.
     """
-    x, t = _load("gelu", a, ("f32", "f16"))
+    x, t = _load("gelu", a)
     _check_layout("gelu", "rows", a=a)
     with np.errstate(all="ignore"):
-        y = _gelu_f32(x) if t == "f32" else _lookup(gelu_table(), x)
+        y = _gelu_f32(x) if t == "f32" else _lookup(gelu_table(), x) if t == "f16" else _gelu_tanh(x)
     return _store(y, t)
 
 
@@ -584,20 +595,23 @@ def gelu(a):
 def gelu_quick(a):
     """ggml_gelu_quick: x * sigmoid(1.702 x), as ggml-cpu defines it: through an f16 lookup table.
 
-    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, rows contiguous
+    a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16 (bf16: ggml 0.25.3), rows contiguous
     out  a's shape and type
 
         out = T[fl16(a)]     T = gelu_quick_table(), T[h] = fl16(x / (1 + expf(-1.702 x)))
+        bf16 a: out = fl_bf16(a / (1 + expf(-1.702 a)))   (f32 steps, no table: ggml_vec_gelu_quick_bf16)
 
     Always through the table (no +-10 passthrough as in gelu): inputs beyond f16's range become +-inf
     first, so gelu_quick(1e5) = inf and gelu_quick(-1e5) = nan (-inf * 0), exactly as ggml-cpu. The formula
     without the table misses ggml-cpu by NMSE 1.1e-7 on uniform [-5, 5], above ggml's 1e-7 ceiling.
     """
-    return map_unary("gelu_quick", a, lambda x: _lookup(gelu_quick_table(), x), ("f32", "f16"))
+    def f(x):
+        return _gelu_quick(x) if type_name(a) == "bf16" else _lookup(gelu_quick_table(), x)
+    return map_unary("gelu_quick", a, f)
 
 
 @op("xielu", covers="UNARY:XIELU")
-def xielu(a, alpha_n: float, alpha_p: float, beta: float, eps: float):
+def xielu(a, alpha_n: float, alpha_p: float, beta: float, eps: float, *, stored: bool = False):
     """ggml_xielu: the xIELU activation (Apertus).
 
     a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16; rows contiguous, dims 2, 3 packed
@@ -608,12 +622,17 @@ def xielu(a, alpha_n: float, alpha_p: float, beta: float, eps: float):
               (expm1f(min(a, eps)) - a)*an + beta*a   otherwise
 
     Both sums are single-rounding FMAs over the f32 product beta*a, as GCC compiles ggml-cpu's op_xielu.
+    stored=True: alpha_n and alpha_p are already an and ap, the values ggml_xielu stores in the node's
+    op_params (a graph read back from ggml, e.g. by refimpl serve, carries only those).
     """
     x, t = _load("xielu", a, FLOAT_TYPES)
     _check_layout("xielu", "contiguous_1", a=a)
     with np.errstate(all="ignore"):
-        an = f32(beta) + _softplus(np.float32(alpha_n).reshape(1))[0]
-        ap = _softplus(np.float32(alpha_p).reshape(1))[0]
+        if stored:
+            an, ap = f32(alpha_n), f32(alpha_p)
+        else:
+            an = f32(beta) + _softplus(np.float32(alpha_n).reshape(1))[0]
+            ap = _softplus(np.float32(alpha_p).reshape(1))[0]
         bx = f32(beta) * x
         pos = fma32(ap * x, x, bx)
         neg_ = fma32(_libm(np.expm1, np.fmin(x, f32(eps))) - x, an, bx)
@@ -661,7 +680,7 @@ def silu_back(a, b):
 
 # -- GLU: act(x) * g, x and g the two halves of a row (or a and b) -----------------------------------------
 
-def map_glu(name, a, b, swapped, act, types=("f32", "f16")):
+def map_glu(name, a, b, swapped, act, types=FLOAT_TYPES):
     """What every GLU op shares: act(x, g, type) rounded once to a's type, for x = a, g = b (split), or the
     two halves of a's rows (swapped: g first)."""
     x, t = _load(name, a, types)
@@ -704,6 +723,8 @@ def geglu(a, b=None, *, swapped: bool = False):
     def act(x, g, t):
         if t == "f16":
             return _lookup(gelu_table(), x) * g
+        if t == "bf16":                                   # ggml_vec_geglu_bf16: the formula, no table
+            return _gelu_tanh(x) * g
         return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x * g, _lookup(gelu_table(), x) * g))
     return map_glu("geglu", a, b, swapped, act)
 
@@ -720,7 +741,9 @@ def geglu_erf(a, b=None, *, swapped: bool = False):
 
 @op("geglu_quick", covers="GLU:GEGLU_QUICK")
 def geglu_quick(a, b=None, *, swapped: bool = False):
-    return map_glu("geglu_quick", a, b, swapped, lambda x, g, t: _lookup(gelu_quick_table(), x) * g)
+    def act(x, g, t):
+        return (_gelu_quick(x) if t == "bf16" else _lookup(gelu_quick_table(), x)) * g
+    return map_glu("geglu_quick", a, b, swapped, act)
 
 
 @op("swiglu_oai", covers="GLU:SWIGLU_OAI")
@@ -732,28 +755,45 @@ def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: 
     return map_glu("swiglu_oai", a, b, swapped, act, ("f32",))
 
 
-reglu.__doc__ = _GLU_DOC.format(call="ggml_reglu: relu-gated linear unit.", name="reglu", types="f32/f16",
+_GLU_TYPES = "f32/f16/bf16 (bf16: ggml 0.25.3; f32 steps, rounded once)"
+@op("swiglu_clamp", covers="GLU:SWIGLU_CLAMP")
+def swiglu_clamp(a, b, limit: float, *, swapped: bool = False):
+    def act(x, g, t):
+        xc = np.where(f32(limit) < x, f32(limit), x)                       # std::min(x, limit)
+        gc = np.where(g < f32(-limit), f32(-limit), np.where(f32(limit) < g, f32(limit), g))  # std::clamp
+        return xc / (f32(1) + _expf(-xc)) * gc
+    return map_glu("swiglu_clamp", a, b, swapped, act, ("f32", "f16"))
+
+
+reglu.__doc__ = _GLU_DOC.format(call="ggml_reglu: relu-gated linear unit.", name="reglu", types=_GLU_TYPES,
                                 math="x * g if x > 0 else 0", note="")
 geglu.__doc__ = _GLU_DOC.format(
     call="ggml_geglu: GELU-gated linear unit (e.g. Gemma's FFN), GELU through ggml-cpu's f16 table.",
-    name="geglu", types="f32/f16", math="gelu(x) * g   (f32 x: 0 if x <= -10, x*g if x >= 10, else T[fl16(x)]*g)",
-    note="T = gelu_table(), as in gelu (f16 a: T[x]*g, no +-10 rule).")
+    name="geglu", types=_GLU_TYPES, math="gelu(x) * g   (f32 x: 0 if x <= -10, x*g if x >= 10, else T[fl16(x)]*g)",
+    note="T = gelu_table(), as in gelu (f16 a: T[x]*g, no +-10 rule; bf16 a: the formula in f32, no table).")
 swiglu.__doc__ = _GLU_DOC.format(
-    call="ggml_swiglu: SiLU-gated linear unit, llama's FFN: silu(gate) * up.", name="swiglu", types="f32/f16",
+    call="ggml_swiglu: SiLU-gated linear unit, llama's FFN: silu(gate) * up.", name="swiglu", types=_GLU_TYPES,
     math="x / (1 + exp(-x)) * g   (f32 steps)",
     note="exp is the true exponential; ggml-cpu's f32 kernel uses the AVX2 SIMD exp (about an ulp apart).")
 geglu_erf.__doc__ = _GLU_DOC.format(call="ggml_geglu_erf: erf-GELU-gated linear unit.", name="geglu_erf",
-                                    types="f32/f16", math="0.5 * x * (1 + erff(x * 0.70710678)) * g   (f32 steps)",
+                                    types=_GLU_TYPES, math="0.5 * x * (1 + erff(x * 0.70710678)) * g   (f32 steps)",
                                     note=_LIBM_NOTE)
 geglu_quick.__doc__ = _GLU_DOC.format(call="ggml_geglu_quick: quick-GELU-gated linear unit.", name="geglu_quick",
-                                      types="f32/f16", math="T[fl16(x)] * g   (T = gelu_quick_table())", note="")
+                                      types=_GLU_TYPES, math="T[fl16(x)] * g   (T = gelu_quick_table())",
+                                      note="bf16 a: x / (1 + expf(-1.702 x)) * g in f32 steps, no table.")
 swiglu_oai.__doc__ = _GLU_DOC.format(
     call="ggml_swiglu_oai(a, b, alpha, limit): gpt-oss's clamped SwiGLU (defaults: llama.cpp's gpt-oss values).",
     name="swiglu_oai", types="f32",
     math="xc / (1 + expf(-alpha*xc)) * (gc + 1),  xc = min(x, limit),  gc = clamp(g, -limit, limit)",
     note="ggml_swiglu_oai has no swapped form; swapped=True is ggml_glu(a, SWIGLU_OAI, true) with the same "
          "alpha, limit. " + _LIBM_NOTE)
-for _f in (reglu, geglu, swiglu, geglu_erf, geglu_quick, swiglu_oai):
+swiglu_clamp.__doc__ = _GLU_DOC.format(
+    call="ggml_swiglu_clamp(a, b, limit) (ggml 0.25.3): SwiGLU with the gate capped and the up clamped to limit.",
+    name="swiglu_clamp", types="f32/f16",
+    math="xc / (1 + expf(-xc)) * gc,  xc = min(x, limit),  gc = clamp(g, -limit, limit)   (f32 steps)",
+    note="Unlike swiglu_oai there is no alpha and no +1 on the up half; nan gates stay nan (std::min). "
+         "b may be None (one tensor, split in halves). " + _LIBM_NOTE)
+for _f in (reglu, geglu, swiglu, geglu_erf, geglu_quick, swiglu_oai, swiglu_clamp):
     _f.reference.__doc__ = _f.__doc__
 
 

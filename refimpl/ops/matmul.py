@@ -77,13 +77,15 @@ def _activations_f64(b, dtype=np.float64) -> np.ndarray:
 
 
 def _check_b(name: str, a, b, ta: GGMLType) -> None:
-    """b is f32, or already a's vec_dot_type (ggml-cpu asserts src1 == F32 whenever it has to convert)."""
+    """b is f32, or already a's vec_dot_type, or (ggml 0.25.3) f16/bf16 for a weight whose vec_dot_type is
+    f32: ggml-cpu widens those rows exactly to f32; any other conversion aborts in ggml-cpu."""
     try:
         tb = ggml_type(b)
     except TypeError:
         fail(name, f"src1 must be f32 or the weight's vec_dot_type {_tname(VEC_DOT_TYPE[ta])}, got "
              f"{np.asarray(b).dtype}", a=a, b=b)
-    if tb != GGMLType.F32 and tb != VEC_DOT_TYPE[ta]:
+    widened = VEC_DOT_TYPE[ta] == GGMLType.F32 and tb in (GGMLType.F16, GGMLType.BF16)
+    if tb != GGMLType.F32 and tb != VEC_DOT_TYPE[ta] and not widened:
         fail(name, f"src1 must be f32 or the weight's vec_dot_type {_tname(VEC_DOT_TYPE[ta])}, got {_tname(tb)}",
              a=a, b=b)
     if not rows_packed(b):
@@ -139,7 +141,8 @@ def mul_mat(a, b) -> np.ndarray:
     a is repeated over b's batch dims (a batch i serves b batches i*r .. i*r+r-1, r = b2 // a2):
     np.repeat, not np.tile. Grouped-query attention relies on it (kq = mul_mat(k, q) with n_head_kv k heads).
     b may be f32 (any weight type), or exactly a's vec_dot_type (VEC_DOT_TYPE: f16 b for f16 weights, a bf16
-    QTensor for bf16, a Q8_0/Q8_1/Q8_K QTensor for block weights); anything else aborts in ggml-cpu.
+    QTensor for bf16, a Q8_0/Q8_1/Q8_K QTensor for block weights), or (ggml 0.25.3) f16/bf16 for an f32
+    weight, whose rows ggml-cpu widens exactly to f32; anything else aborts in ggml-cpu.
     Rows of a and b must be contiguous and a not transposed (ggml asserts both); b's other dims may be views.
 
     Exact mode: weights dequantized exactly (TILE_ROWS rows at a time, never the whole matrix), products
@@ -233,14 +236,15 @@ def tiled_mul_mat_id(as_, b, ids, dt) -> np.ndarray:
 def out_prod(a, b: np.ndarray) -> np.ndarray:
     """ggml_out_prod(ctx, a, b): sum over k of outer products of a's and b's k-th rows (Y = B^T A per batch).
 
-    a    ne [m, k, a2, a3]   numpy (a3, a2, k, m)   f32, or a block-quantized QTensor (OUT_PROD_QTYPES)
+    a    ne [m, k, a2, a3]   numpy (a3, a2, k, m)   f32, f16 (0.25.3), or a block QTensor (OUT_PROD_QTYPES)
     b    ne [n, k, b2, b3]   numpy (b3, b2, k, n)   f32, any view (ggml reads it element by element)
     out  ne [m, n, b2, b3]   numpy (b3, b2, n, m)   f32
 
         out[..., j, i] = sum_k a[..., k, i] * b[..., k, j]
 
     f32 a is repeated over b's batch dims as in mul_mat (block broadcast, b2 % a2 == 0); a quantized a
-    must match b's batch dims exactly (ggml-cpu asserts it). F16 and BF16 a abort in ggml-cpu.
+    must match b's batch dims exactly (ggml-cpu asserts it). F16 a (ggml 0.25.3's out_prod_f16_f32: rows
+    widened exactly, batch dims as for a quantized a); F16 a in ggml 0.15.3 and BF16 a abort in ggml-cpu.
     This is the weight gradient of mul_mat (a = activations, b = output gradients) in ggml's training graphs.
     Exact mode: f64 sums rounded once to f32 (ggml-cpu accumulates sequential f32 FMAs over k).
     """
@@ -248,8 +252,8 @@ def out_prod(a, b: np.ndarray) -> np.ndarray:
         a = np.asarray(a)
     b = np.asarray(b)
     ta = ggml_type(a) if isinstance(a, QTensor) or a.dtype in _DTYPE_TYPE else None
-    if ta != GGMLType.F32 and ta not in OUT_PROD_QTYPES:
-        fail("out_prod", f"src0 must be f32 or a block-quantized type, got "
+    if ta != GGMLType.F32 and ta != GGMLType.F16 and ta not in OUT_PROD_QTYPES:
+        fail("out_prod", f"src0 must be f32, f16 or a block-quantized type, got "
              f"{_tname(ta) if ta is not None else a.dtype}", a=a, b=b)
     if b.dtype != np.float32:
         fail("out_prod", f"src1 must be f32, got {b.dtype}", a=a, b=b)
@@ -259,7 +263,7 @@ def out_prod(a, b: np.ndarray) -> np.ndarray:
     if na[1] != nb[1] or 0 in na[2:] or nb[2] % na[2] or nb[3] % na[3]:
         fail("out_prod", "need a.ne1 == b.ne1 (k) and b.ne2, b.ne3 multiples of a's", a=a, b=b)
     if ta != GGMLType.F32 and (na[2] != nb[2] or na[3] != nb[3]):
-        fail("out_prod", "a quantized src0 is not broadcast: batch dims must equal b's", a=a, b=b)
+        fail("out_prod", "an f16 or quantized src0 is not broadcast: batch dims must equal b's", a=a, b=b)
     a4 = a.reshape(na[::-1])
     b4 = b.reshape(nb[::-1]).astype(np.float64)
     r2, r3 = nb[2] // na[2], nb[3] // na[3]

@@ -84,7 +84,7 @@ def softplus_f32(x: np.ndarray) -> np.ndarray:
 
 @op("ssm_scan")
 def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray, C: np.ndarray,
-             ids: np.ndarray) -> np.ndarray:
+             ids: np.ndarray, K: int = 1) -> np.ndarray:
     """ggml_ssm_scan: Mamba's selective scan (Mamba-2 with a scalar decay per head, Mamba-1 per state).
 
     s    ne [d_state, head_dim, n_head, n_rs]        numpy (n_rs, n_head, head_dim, d_state)   f32 states
@@ -101,6 +101,10 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
     Per sequence q, starting from h = s[ids[q]], for each token t, head e (group g = e // (n_head/n_group)):
         d = softplus(dt[e]);   h[e, p, n] = h[e, p, n] * exp(d * A[e, n or 0]) + B[g, n] * (x[e, p] * d)
         y[e, p] = sum_n h[e, p, n] * C[g, n]
+
+    K > 1 (ggml 0.25.3, Mamba-2 only: rollback snapshots for speculative decoding): out holds K state slots
+    after y, out[x.size:].reshape(K, n_seqs, n_head, head_dim, d_state); slot 0 the final state, slot j the
+    state after token n_seq_tokens-1-j. ggml never writes slots j >= n_seq_tokens; refimpl fills them with NaN.
 
     B and C serve heads in blocks (np.repeat, like mul_mat's batch broadcast), not tiled.
     softplus is ggml's: x > 20 ? x : logf(1 + expf(x)) in f32 steps. The decay expf(fl(d*A)) and the state
@@ -128,6 +132,8 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
         fail("ssm_scan", "A must be ne [1, n_head] (Mamba-2) or [d_state, n_head] (Mamba-1)", **ops)
     if n_group == 0 or n_head % n_group:
         fail("ssm_scan", "n_head (x.ne1) must be a multiple of n_group (B.ne1)", **ops)
+    if int(K) != K or K < 1 or (K > 1 and nA[0] != 1):
+        fail("ssm_scan", f"K must be an integer >= 1, and 1 for Mamba-1's A [d_state, n_head]; got {K}", **ops)
     if ids.size and (ids.min() < 0 or ids.max() >= nS[3]):
         fail("ssm_scan", f"ids out of range [0, {nS[3]}) (ggml does not check; it would read past s)", **ops)
 
@@ -140,7 +146,7 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
     A2 = A.reshape(n_head, nA[0])
     mamba1 = nA[0] != 1                                        # the kernel's test: A.ne0 != 1
     y = np.empty((n_seqs, n_tok, n_head, head_dim), np.float32)
-    states = np.empty((n_seqs, n_head, head_dim, d_state), np.float32)
+    states = np.full((int(K), n_seqs, n_head, head_dim, d_state), np.nan, np.float32)
     for q in range(n_seqs):
         h = s4[ids.reshape(-1)[q]].astype(np.float32, copy=True)        # (n_head, head_dim, d_state)
         for t in range(n_tok):
@@ -156,7 +162,9 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
                 y[q, t] = acc
             else:
                 y[q, t] = np.sum(h.astype(np.float64) * Ct, axis=-1).astype(np.float32)
-        states[q] = h
+            if 0 < n_tok - 1 - t < K:                                   # a rollback snapshot
+                states[n_tok - 1 - t, q] = h
+        states[0, q] = h
     return np.concatenate([y.reshape(-1), states.reshape(-1)])
 
 

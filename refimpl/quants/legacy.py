@@ -1,4 +1,5 @@
-"""The 32-element block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, and the 128-element Q1_0.
+"""The 32-element block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, the 128-element Q1_0 and the 64-element
+Q2_0 (ggml 0.25.3).
 
 Element order inside a 32-block is split-nibble: byte qs[j] holds element j in its low nibble and element
 j+16 in its high nibble. All f16 fields are little-endian IEEE half.
@@ -15,8 +16,9 @@ import numpy as np
 
 from ..types import GGMLType
 from .registry import dequantizer, quantizer
-from ._common import (add_half_away, blockwise, c_int8, c_uint8, cvt_i32_rne, div, f16_field, first_min_max,
-                      max_abs, output, pack_nibbles_into, pairwise, put_f16, seq_sum, signed_absmax)
+from ._common import (add_half_away, blockwise, c_int8, c_uint8, cvt_i32_rne, cvtt_i32, div, f16_field,
+                      first_min_max, max_abs, output, pack_nibbles_into, pairwise, put_f16, roundf, seq_sum,
+                      signed_absmax)
 
 f32 = np.float32
 
@@ -291,4 +293,33 @@ def quantize_q1_0(x):
     out = _blocks(len(x), 18)
     put_f16(out, 0, div(seq_sum(np.abs(x)), f32(128)))
     out[:, 2:18] = np.packbits(x >= 0, axis=1, bitorder="little")
+    return out
+
+
+# -- Q2_0 (ggml 0.25.3) ------------------------------------------------------------------------------
+@dequantizer(GGMLType.Q2_0)
+def dequantize_q2_0(blocks, out=None):
+    """block_q2_0 (18 B, 64 elements): d f16 | qs[16]; element j is bits 2*(j%4).. of qs[j/4]:
+    x = (q - 1) * d, q in 0..3 (00 = -d, 01 = 0, 10 = +d, 11 = +2d)."""
+    out = output(blocks, 64, out)
+    q = (blocks[:, 2:18, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3            # (n, 16, 4): element 4b + k
+    with np.errstate(invalid="ignore", over="ignore"):
+        out[...] = (q.reshape(-1, 64).astype(f32) - f32(1)) * f16_field(blocks, 0)
+    return out
+
+
+@quantizer(GGMLType.Q2_0, "ref")
+def quantize_q2_0(x):
+    """quantize_row_q2_0_ref: d = max |x| (`if (a > amax) amax = a`: NaN never wins), id = d > 0 ? 1/d : 0,
+    q = clamp((int)roundf(x*id) + 1, 0, 3); the f16 d is stored, the f32 d scales. A NaN or inf x*id casts to
+    INT_MIN on x86 (cvttss2si), so it packs as 0 (-d), as ggml's build does."""
+    out = _blocks(len(x), 18)
+    a = np.abs(x)
+    amax = np.max(np.where(np.isnan(a), f32(0), a), axis=1, keepdims=True, initial=f32(0)).astype(f32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        idv = np.where(amax > 0, div(f32(1), amax), f32(0))
+        v = roundf(x * idv)
+    q = np.clip(cvtt_i32(v).astype(np.int64) + 1, 0, 3).astype(np.uint8).reshape(-1, 16, 4)
+    put_f16(out, 0, amax)
+    out[:, 2:18] = q[..., 0] | (q[..., 1] << 2) | (q[..., 2] << 4) | (q[..., 3] << 6)
     return out

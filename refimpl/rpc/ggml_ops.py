@@ -56,14 +56,9 @@ NOT_COMPUTED = {
     "MAP_CUSTOM2": "a client-side C callback: its code never crosses the wire",
     "MAP_CUSTOM3": "a client-side C callback: its code never crosses the wire",
     "CUSTOM": "a client-side C callback: its code never crosses the wire",
-    "OPT_STEP_ADAMW": "optimizer step (training); refimpl has no op for it",
-    "OPT_STEP_SGD": "optimizer step (training); refimpl has no op for it",
 }
-UNARY_NOT_COMPUTED = {
-    "XIELU": "op_params carry softplus(alpha_n) + beta and softplus(alpha_p), refimpl's xielu takes alpha_n, "
-             "alpha_p themselves",
-}
-GLU_NOT_COMPUTED = {"SWIGLU_CLAMP": "GLU sub-op new in ggml 0.25.3; not in refimpl's op set yet"}
+UNARY_NOT_COMPUTED: dict[str, str] = {}
+GLU_NOT_COMPUTED: dict[str, str] = {}
 
 
 class Unsupported(Exception):
@@ -409,7 +404,7 @@ def _ssm_conv(node, s, p):
 
 @_reg("SSM_SCAN")
 def _ssm_scan(node, s, p):
-    return ops.ssm_scan(*s[:7])
+    return ops.ssm_scan(*s[:7], K=p.i(0))
 
 
 @_reg("RWKV_WKV6")
@@ -430,6 +425,20 @@ def _rwkv_wkv7(node, s, p):
 @_reg("GATED_DELTA_NET")
 def _gated_delta_net(node, s, p):
     return ops.gated_delta_net(*s[:6], K=p.i(0))
+
+
+@_reg("OPT_STEP_ADAMW")
+def _opt_step_adamw(node, s, p):
+    # ggml updates the moments in place too: m and v are written back into their own bytes
+    w, m, v = ops.opt_step_adamw(*s[:5])
+    s[2][...] = m.reshape(s[2].shape)
+    s[3][...] = v.reshape(s[3].shape)
+    return w
+
+
+@_reg("OPT_STEP_SGD")
+def _opt_step_sgd(node, s, p):
+    return ops.opt_step_sgd(*s[:3])
 
 
 @_reg("CROSS_ENTROPY_LOSS")
@@ -464,7 +473,10 @@ def _sub(op: str, names: tuple, table: dict, not_computed: dict, p: Params):
 
 @_reg("UNARY")
 def _unary(node, s, p):
-    return _sub("UNARY", UNARY_NAMES, UNARY, UNARY_NOT_COMPUTED, p)[1](s[0])
+    name, f = _sub("UNARY", UNARY_NAMES, UNARY, UNARY_NOT_COMPUTED, p)
+    if name == "XIELU":                  # op_params: [op, beta + softplus(alpha_n), softplus(alpha_p), beta, eps]
+        return f(s[0], p.f(1), p.f(2), p.f(3), p.f(4), stored=True)
+    return f(s[0])
 
 
 @_reg("GLU")
@@ -473,6 +485,8 @@ def _glu(node, s, p):
     swapped = bool(p.i(1))
     if name == "SWIGLU_OAI":
         return f(s[0], s[1], p.f(2), p.f(3), swapped=swapped)
+    if name == "SWIGLU_CLAMP":           # op_params: [op, swapped, -, limit]
+        return f(s[0], s[1], p.f(3), swapped=swapped)
     return f(s[0], s[1], swapped=swapped)
 
 

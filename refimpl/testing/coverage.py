@@ -19,8 +19,6 @@ EXCLUDED = {
     "NONE": "a leaf, not an op",
     "MAP_CUSTOM1": "user callback", "MAP_CUSTOM2": "user callback", "MAP_CUSTOM3": "user callback",
     "CUSTOM": "user callback",
-    "OPT_STEP_ADAMW": "optimizer step (training state update), out of scope",
-    "OPT_STEP_SGD": "optimizer step (training state update), out of scope",
     "FLASH_ATTN_BACK": "backward of the legacy flash attention; not among the backward ops refimpl covers "
                        "(soft_max_ext_back, rope_back, silu_back, rms_norm_back, get_rows_back, "
                        "cross_entropy_loss_back)",

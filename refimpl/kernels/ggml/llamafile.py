@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...qtensor import QTensor
 from ...rounding import fma32
 from .vecdot import hsum_b
 
@@ -68,6 +69,10 @@ def takes_sgemm(a, b) -> bool:
 def mul_mat(a, b):
     """tinyBLAS's order where llama.cpp's build takes it (module docstring), registered for the "llamafile"
     key of the "ggml" profile; NotImplemented elsewhere (ggml's vec_dot emulation then runs)."""
+    if isinstance(a, np.ndarray) and a.dtype == np.float32 and (
+            isinstance(b, QTensor) or (isinstance(b, np.ndarray) and b.dtype == np.float16)):
+        # ggml 0.25.3: tinyBLAS refuses f32 x f16/bf16; ggml-cpu widens b exactly to f32 and asks again
+        b = b.dequantize() if isinstance(b, QTensor) else b.astype(np.float32)
     if not takes_sgemm(a, b):
         return NotImplemented
     a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)

@@ -660,8 +660,8 @@ def _rows(x) -> np.ndarray:
 
 def _convert(b, t: GGMLType):
     """b (..., k) converted to the vec_dot_type t as ggml-cpu's from_float does (b already of type t: as is)."""
-    if t == GGMLType.F32:
-        return np.asarray(b)
+    if t == GGMLType.F32:              # f16/bf16 rows (ggml 0.25.3): widened exactly into the f32 work buffer
+        return b.dequantize() if isinstance(b, QTensor) else np.asarray(b).astype(f32, copy=False)
     if t == GGMLType.F16:
         return b if isinstance(b, np.ndarray) and b.dtype == np.float16 else np.asarray(b).astype(np.float16)
     if isinstance(b, QTensor):

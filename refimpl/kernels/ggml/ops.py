@@ -165,17 +165,17 @@ def _silu_rows(x: np.ndarray) -> np.ndarray:
 
 
 def silu(a):
-    """ggml_vec_silu_f32 per row (vsilu on 8-lane chunks, the scalar formula on the tail); f16: the scalar
-    formula on every element (ggml_vec_silu_f16), rounded to f16."""
+    """ggml_vec_silu_f32 per row (vsilu on 8-lane chunks, the scalar formula on the tail); f16/bf16: the
+    scalar formula on every element (ggml_vec_silu_f16/_bf16), rounded to a's type."""
     t = type_name(a)
-    return map_unary("silu", a, _silu_scalar if t == "f16" else _silu_rows, ("f32", "f16"))
+    return map_unary("silu", a, _silu_rows if t == "f32" else _silu_scalar)
 
 
 def swiglu(a, b=None, *, swapped: bool = False):
     """ggml_vec_swiglu_f32 per row: fl(vsilu(x)*g) on 8-lane chunks, fl(silu(x)*g) on the tail (libm expf);
-    f16: the scalar form on every element, rounded to f16."""
+    f16/bf16: the scalar form on every element, rounded to a's type."""
     def act(x, g, t):
-        return (_silu_scalar(x) if t == "f16" else _silu_rows(x)) * g
+        return (_silu_rows(x) if t == "f32" else _silu_scalar(x)) * g
     return map_glu("swiglu", a, b, swapped, act)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from ...qtensor import QTensor
 
 FAMILIES = ("elementwise", "reduce", "movement", "norm", "softmax", "rope", "attention", "loss", "matmul",
-            "conv", "recurrent", "sort")
+            "conv", "recurrent", "sort", "optim")
 
 
 @dataclass
