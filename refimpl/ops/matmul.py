@@ -19,7 +19,7 @@ TILE_ROWS = 512
 # ggml-cpu's type_traits_cpu[t].vec_dot_type: the format ggml-cpu converts b (activations) to before the
 # dot products of mul_mat / mul_mat_id (src/ggml-cpu/ggml-cpu.c). A weight type is usable by mul_mat iff it
 # is a key here (Q8_1 and Q8_K have no vec_dot of their own: activation formats only).
-_Q8_0 = (GGMLType.Q1_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.NVFP4,
+_Q8_0 = (GGMLType.Q1_0, GGMLType.Q2_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.NVFP4,
          GGMLType.IQ4_NL)
 _Q8_K = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ2_XXS,
          GGMLType.IQ2_XS, GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S, GGMLType.IQ1_S, GGMLType.IQ1_M,

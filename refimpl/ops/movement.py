@@ -28,7 +28,8 @@ _DTYPE_TYPES = {dt: t for t, dt in NUMPY_DTYPES.items()}
 # Destination types with a CPU `from_float` (type_traits_cpu in ggml-cpu.c): what cpy/set_rows can write.
 # IQ1/IQ2/IQ3 have none (their quantizers need ggml_quantize_init): ggml-cpu would call a NULL pointer.
 CPU_FROM_FLOAT = frozenset({
-    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.Q1_0, GGMLType.Q4_0, GGMLType.Q4_1,
+    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.Q1_0, GGMLType.Q2_0, GGMLType.Q4_0,
+    GGMLType.Q4_1,
     GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q8_1, GGMLType.MXFP4, GGMLType.NVFP4,
     GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
     GGMLType.IQ4_XS, GGMLType.Q8_K, GGMLType.TQ1_0, GGMLType.TQ2_0})

@@ -49,11 +49,10 @@ MAX_GRAPH_TENSORS = 1 << 21
 DEBUG = bool(os.environ.get("REFIMPL_RPC_DEBUG"))   # log every command with its size and time (level DEBUG)
 BODY_TIMEOUT_S = 60.0         # a message begun must arrive within this; idle between messages is unbounded
 
-# Wire types of ggml 0.25.3: refimpl's table plus Q2_0 (stored and moved, not computed); removed type ids have
-# block size 0 in ggml and are refused as ggml's own server refuses them.
+# Wire types of ggml 0.25.3: refimpl's table; removed type ids have block size 0 in ggml and are refused as
+# ggml's own server refuses them.
 WIRE_TYPES: dict[int, tuple[str, int, int]] = {int(t): (tr.name, tr.blck_size, tr.type_size)
                                                 for t, tr in type_traits.items()}
-WIRE_TYPES[42] = ("q2_0", 64, 18)
 TYPE_COUNT = 43
 FLOAT_NAN = {"f32", "f16", "f64", "bf16"}
 _NUMPY_IDS = {int(t) for t in NUMPY_DTYPES}
@@ -236,7 +235,7 @@ class Connection:
             if n.nbytes == 0:
                 return np.zeros(n.shape, dt), False
             return np.ndarray(n.shape, dt, buffer=b.mem, offset=off, strides=tuple(n.nb[::-1])), True
-        if t is None or n.type == 42:
+        if t is None:
             raise ggml_ops.Unsupported(f"type {n.tname} has no refimpl tensor")
         if n.nb[0] != n.tsize and n.blck == 1 and not write:
             # an element type refimpl holds as QTensor (bf16) in a permuted view: its values, packed

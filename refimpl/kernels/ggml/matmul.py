@@ -315,6 +315,28 @@ def _q1_0_dot(blk, blk_a):
         if K == 3:
             acc = fma32(dx[:, j // 4][:, None], block, acc)
     return hsum_b(acc).T
+def _q2_0_dot(blk, blk_a):
+    """ggml_vec_dot_q2_0_q8_0 (ggml 0.25.3; x86 takes the generic C loop): block_q2_0 d f16 | qs[16], element
+    4b + k = ((qs[b] >> 2k) & 3) - 1; one Q2_0 block spans 2 Q8_0 blocks. Per Q2_0 block: exact integer
+    sums s_0, s_1 with the two Q8_0 blocks, sumi = fma(d_y1, s_1, fma(d_y0, s_0, 0)), then
+    sumf = fma(d_x, sumi, sumf) in block order (GCC fuses both `+=` of the C loop)."""
+    n, nblk = blk.shape[:2]
+    shifts = np.array([0, 2, 4, 6], np.uint8)
+    x = (((blk[..., 2:18, None] >> shifts) & 3).astype(np.int32) - 1).reshape(n, nblk * 64).astype(np.float64)
+    dx = _f16(blk, 0)                                                    # (n, nblk)
+    dy, a = _q8_0(blk_a)                                                 # (m, 2 nblk), (m, 64 nblk)
+    a = a.astype(np.float64)
+    sumf = np.zeros((n, a.shape[0]), f32)
+    for i in range(nblk):
+        sumi = np.zeros_like(sumf)
+        for k in range(2):
+            sl = slice(64 * i + 32 * k, 64 * i + 32 * k + 32)
+            si = (x[:, sl] @ a[:, sl].T).astype(f32)                     # exact: |s| <= 2*127*32
+            sumi = fma32(dy[:, 2 * i + k][None, :], si, sumi)
+        sumf = fma32(dx[:, i][:, None], sumi, sumf)
+    return sumf.T
+
+
 def _q2_K_dot(blk, blk_a):
     """ggml_vec_dot_q2_K_q8_K, per block: d = fl(d_y*d_x), dmin = fl(-d_y*dmin_x);
     acc = fma(dmin, lanes(m_{2l} bsum_{2l} + m_{2l+1} bsum_{2l+1}), acc); acc = fma(d, lanes(sc*q*a), acc);
@@ -642,7 +664,7 @@ QUANT_DOTS = {
     GGMLType.Q8_0: _q8_0_dot, GGMLType.Q2_K: _q2_K_dot, GGMLType.Q3_K: _q3_K_dot, GGMLType.Q4_K: _q4_K_dot,
     GGMLType.Q5_K: _q5_K_dot, GGMLType.Q6_K: _q6_K_dot, GGMLType.IQ4_NL: _iq4_nl_dot,
     GGMLType.IQ4_XS: _iq4_xs_dot, GGMLType.MXFP4: _mxfp4_dot, GGMLType.NVFP4: _nvfp4_dot,
-    GGMLType.Q1_0: _q1_0_dot, GGMLType.TQ1_0: _tq1_0_dot, GGMLType.TQ2_0: _tq2_0_dot,
+    GGMLType.Q1_0: _q1_0_dot, GGMLType.Q2_0: _q2_0_dot, GGMLType.TQ1_0: _tq1_0_dot, GGMLType.TQ2_0: _tq2_0_dot,
     GGMLType.IQ2_XXS: _grid(_iq2_xxs), GGMLType.IQ2_XS: _grid(_iq2_xs), GGMLType.IQ2_S: _grid(_iq2_s),
     GGMLType.IQ3_XXS: _grid(_iq3_xxs), GGMLType.IQ3_S: _grid(_iq3_s), GGMLType.IQ1_S: _iq1_s_dot,
     GGMLType.IQ1_M: _iq1_m_dot,
