@@ -8,11 +8,11 @@ from ..dispatch import (OPS, backend, current_backend, current_numerics, ggml_nu
 from ..shapes import GGMLShapeError  # noqa: F401
 
 from . import elementwise, reduce, movement, norm, softmax, rope, attention, loss  # noqa: E402,F401
-from . import matmul, conv, recurrent, sort, fused, optim  # noqa: E402,F401
+from . import matmul, conv, recurrent, sort, fused, optim, hyperconn  # noqa: E402,F401
 
 
 _MODULES = (elementwise, reduce, movement, norm, softmax, rope, attention, loss, matmul, conv, recurrent, sort,
-            fused, optim)
+            fused, optim, hyperconn)
 
 
 def _export():

@@ -1,4 +1,5 @@
-"""flash_attn_ext: fused scaled-dot-product attention with mask, ALiBi, logit soft-capping and sinks."""
+"""flash_attn_ext: fused scaled-dot-product attention with mask, ALiBi, logit soft-capping and sinks; and
+lightning_indexer (ggml 0.25.3), DeepSeek's sparse-attention scores."""
 from __future__ import annotations
 
 import numpy as np
@@ -136,3 +137,41 @@ def flash_attn_ext(q: np.ndarray, k, v, mask: np.ndarray | None = None, scale: f
     out = out.transpose(0, 2, 1, 3).astype(np.float32)                        # (S, N, H, DV)
     nd = max(q.ndim, 3)
     return out.reshape(out.shape[4 - nd:])
+
+
+@op("lightning_indexer")
+def lightning_indexer(q: np.ndarray, k, weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """ggml_lightning_indexer(ctx, q, k, weights, mask) (ggml 0.25.3): DeepSeek's sparse-attention indexer score.
+
+    q        ne [n_embd, n_head, n_batch, ns]   numpy (ns, n_batch, n_head, n_embd)   f32
+    k        ne [n_embd, 1, n_kv, ns]           numpy (ns, n_kv, 1, n_embd)           f32, f16 or a QTensor
+    weights  ne [n_head, n_batch, 1, ns]        numpy (ns, 1, n_batch, n_head)        f32, already scaled
+    mask     ne [n_kv, n_batch, 1, nm]          numpy (nm, 1, n_batch, n_kv)          f16, ns % nm == 0
+    out      ne [n_kv, n_batch, 1, ns]          numpy (ns, 1, n_batch, n_kv)          f32
+
+        out[s, t, j] = sum_h max(q[s, t, h] . k[s, j], 0) * weights[s, t, h] + mask[s % nm, t, j]
+
+    Exact mode: each q.k in f64 rounded to f32 (ggml-cpu: ggml_vec_dot_f32), the head sum in f64 rounded once,
+    then the f32 mask added. The mask of stream s is mask[s % nm] (np.tile, not np.repeat).
+    """
+    k, _ = _kv("lightning_indexer", k, "k", q)
+    q, weights, mask = np.asarray(q), np.asarray(weights), np.asarray(mask)
+    ops_ = dict(q=q, k=k, weights=weights, mask=mask)
+    if q.dtype != np.float32 or weights.dtype != np.float32 or mask.dtype != np.float16:
+        fail("lightning_indexer", "q and weights must be f32, mask f16", **ops_)
+    nq, nk, nw, nm = ne4(q.shape), ne4(k.shape), ne4(weights.shape), ne4(mask.shape)
+    n_embd, n_head, n_batch, ns = nq
+    n_kv = nk[2]
+    if (nk[0] != n_embd or nk[1] != 1 or nk[3] != ns or nw[:3] != [n_head, n_batch, 1] or nw[3] != ns
+            or nm[:3] != [n_kv, n_batch, 1] or nm[3] == 0 or ns % nm[3]):
+        fail("lightning_indexer", "need k [n_embd, 1, n_kv, ns], weights [n_head, n_batch, 1, ns] and mask "
+             "[n_kv, n_batch, 1, nm] with ns % nm == 0 for q [n_embd, n_head, n_batch, ns]", **ops_)
+    q4 = q.reshape(ns, n_batch, n_head, n_embd).astype(np.float64)
+    k3 = _values(k, tuple(nk[::-1])).reshape(ns, n_kv, n_embd)
+    w3 = weights.reshape(ns, n_batch, n_head).astype(np.float64)
+    m3 = mask.reshape(nm[3], n_batch, n_kv).astype(np.float32)
+    qk = np.einsum("sthe,sje->sthj", q4, k3).astype(np.float32)             # (ns, n_batch, n_head, n_kv)
+    score = np.einsum("sthj,sth->stj", np.maximum(qk, np.float32(0)).astype(np.float64), w3).astype(np.float32)
+    with np.errstate(all="ignore"):
+        out = score + m3[np.arange(ns) % nm[3]]
+    return out.reshape(ns, 1, n_batch, n_kv)

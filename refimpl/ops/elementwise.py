@@ -166,9 +166,9 @@ def _binary(name, a, b, fn):
 # block types ggml-cpu's add/add1 requantize to: those whose CPU type traits have a from_float
 # (ggml-cpu.c type_traits_cpu; the IQ1/IQ2/IQ3 types have none, and ggml then copies f32 bytes into the blocks)
 QUANT_ADD_TYPES = frozenset(t.name.lower() for t in (
-    GGMLType.Q1_0, GGMLType.Q2_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4,
-    GGMLType.NVFP4, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
-    GGMLType.IQ4_XS, GGMLType.TQ1_0, GGMLType.TQ2_0))
+    GGMLType.Q1_0, GGMLType.Q2_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+    GGMLType.MXFP4, GGMLType.NVFP4, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.TQ1_0, GGMLType.TQ2_0))
 
 
 def _quant_add(name, a: QTensor, v: np.ndarray) -> QTensor:

@@ -48,10 +48,6 @@ NO_COMPUTE = frozenset({"NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"})
 # ggml 0.25.3 ops refimpl does not compute, with the reason the server logs and docs/test-backend-ops.md lists
 NOT_COMPUTED = {
     "FLASH_ATTN_BACK": "legacy attention backward, unused by inference; refimpl has no op for it",
-    "LIGHTNING_INDEXER": "DeepSeek V4 op new in ggml 0.25.3; not in refimpl's op set yet",
-    "DSV4_HC_COMB": "DeepSeek V4 op new in ggml 0.25.3; not in refimpl's op set yet",
-    "DSV4_HC_PRE": "DeepSeek V4 op new in ggml 0.25.3; not in refimpl's op set yet",
-    "DSV4_HC_POST": "DeepSeek V4 op new in ggml 0.25.3; not in refimpl's op set yet",
     "MAP_CUSTOM1": "a client-side C callback: its code never crosses the wire",
     "MAP_CUSTOM2": "a client-side C callback: its code never crosses the wire",
     "MAP_CUSTOM3": "a client-side C callback: its code never crosses the wire",
@@ -425,6 +421,28 @@ def _rwkv_wkv7(node, s, p):
 @_reg("GATED_DELTA_NET")
 def _gated_delta_net(node, s, p):
     return ops.gated_delta_net(*s[:6], K=p.i(0))
+
+
+@_reg("DSV4_HC_COMB")
+def _dsv4_hc_comb(node, s, p):
+    return ops.dsv4_hc_comb(s[0], s[1], s[2], p.f(0), p.i(1))
+
+
+@_reg("DSV4_HC_PRE")
+def _dsv4_hc_pre(node, s, p):                       # op_params: [scale, gated]
+    if p.i(1):
+        return ops.dsv4_hc_pre_gated(s[0], s[1], p.f(0))
+    return ops.dsv4_hc_pre(s[0], s[1])
+
+
+@_reg("DSV4_HC_POST")
+def _dsv4_hc_post(node, s, p):
+    return ops.dsv4_hc_post(s[0], s[1], s[2], s[3])
+
+
+@_reg("LIGHTNING_INDEXER")
+def _lightning_indexer(node, s, p):
+    return ops.lightning_indexer(*s[:4])
 
 
 @_reg("OPT_STEP_ADAMW")

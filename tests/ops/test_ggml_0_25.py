@@ -151,3 +151,51 @@ def test_ssm_scan_rollback_slots_are_the_states_after_each_prefix():
     assert np.isnan(short[x[:, :2].size:].reshape(4, -1)[2:]).all()
     with pytest.raises(GGMLShapeError, match="K must be"):
         ssm_scan(s, x, dt, np.ones((n_head, d_state), f32), B, C, ids, K=2)      # Mamba-1 has no rollback
+
+
+def test_lightning_indexer_is_relu_scores_weighted_over_heads_plus_the_mask():
+    """Against its definition through other ops: q.k per head (mul_mat), relu, weighted head sum, + mask."""
+    from refimpl.ops import lightning_indexer
+    rng = _rng(10)
+    ns, n_batch, n_head, n_embd, n_kv, nm = 2, 3, 4, 32, 5, 1
+    q = rng.standard_normal((ns, n_batch, n_head, n_embd)).astype(f32)
+    k = rng.standard_normal((ns, n_kv, 1, n_embd)).astype(np.float16)
+    w = rng.standard_normal((ns, 1, n_batch, n_head)).astype(f32)
+    mask = np.where(rng.random((nm, 1, n_batch, n_kv)) < 0.3, -np.inf, 0).astype(np.float16)
+    out = lightning_indexer(q, k, w, mask)
+    assert out.shape == (ns, 1, n_batch, n_kv)
+    qk = np.einsum("sthe,sje->sthj", q.astype(np.float64), k.reshape(ns, n_kv, n_embd).astype(np.float64))
+    want = np.einsum("sthj,sth->stj", np.maximum(qk, 0), w.reshape(ns, n_batch, n_head).astype(np.float64))
+    want = want[:, None] + mask.astype(np.float64)
+    fin = np.isfinite(want)
+    assert np.array_equal(fin, np.isfinite(out))
+    assert np.all(np.abs(out[fin] - want[fin]) <= 1e-5 * (1 + np.abs(want[fin])))
+
+
+def test_dsv4_hc_comb_is_doubly_normalized():
+    """After the last normalization over src, every dst column sums to sum/(eps + sum) ~ 1; with many
+    iterations the rows approach 1 too (Sinkhorn)."""
+    from refimpl.ops import dsv4_hc_comb
+    rng = _rng(11)
+    mixes = rng.standard_normal((7, 24)).astype(f32)
+    out = dsv4_hc_comb(mixes, np.float32([1, 1, 0.7]), rng.standard_normal(24).astype(f32), 1e-6, 20)
+    assert out.shape == (7, 4, 4) and np.all(out > 0)
+    np.testing.assert_allclose(out.sum(axis=1), 1, atol=1e-5)          # over src, per (t, dst)
+    np.testing.assert_allclose(out.sum(axis=2), 1, atol=1e-3)          # over dst, per (t, src)
+
+
+def test_dsv4_hc_post_without_comb_is_the_identity_comb_and_hc_pre_is_a_weighted_sum():
+    from refimpl.ops import dsv4_hc_post, dsv4_hc_pre, dsv4_hc_pre_gated
+    rng = _rng(12)
+    n_tok, hc, n_embd = 3, 4, 16
+    x = rng.standard_normal((n_tok, n_embd)).astype(f32)
+    res = rng.standard_normal((n_tok, hc, n_embd)).astype(f32)
+    post = rng.standard_normal((n_tok, hc)).astype(f32)
+    eye = np.broadcast_to(np.eye(hc, dtype=f32), (n_tok, hc, hc)).copy()
+    np.testing.assert_array_equal(dsv4_hc_post(x, res, post), dsv4_hc_post(x, res, post, eye))
+    w = rng.standard_normal((n_tok, hc)).astype(f32)
+    want = np.einsum("thi,th->ti", res.astype(np.float64), w.astype(np.float64))
+    np.testing.assert_allclose(dsv4_hc_pre(res, w), want, rtol=1e-5, atol=1e-5)
+    gate = rng.standard_normal((n_tok, hc, n_embd)).astype(f32)
+    want = 0.5 * np.einsum("thi,thi->ti", res.astype(np.float64), 1 / (1 + np.exp(-gate.astype(np.float64))))
+    np.testing.assert_allclose(dsv4_hc_pre_gated(res, gate, 0.5), want, rtol=1e-5, atol=1e-5)
