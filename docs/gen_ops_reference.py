@@ -33,12 +33,15 @@ FAMILIES = {
     "norm": "Normalization",
     "softmax": "Softmax",
     "rope": "Rotary embeddings",
-    "attention": "Flash attention",
+    "attention": "Flash attention and the lightning indexer",
     "matmul": "Matrix products",
     "conv": "Convolution, pooling, resampling",
     "recurrent": "Recurrent and state-space",
     "loss": "Losses",
+    "optim": "Optimizer steps",
+    "hyperconn": "Hyper-connections (DeepSeek V4)",
     "sort": "Sorting",
+    "fused": "Fused",
 }
 
 # pages linked from hand-written pages that other parts of the project own and may not have written yet:

@@ -862,8 +862,10 @@ def _main(argv=None) -> int:
     s.set_defaults(fn=_cmd_inspect)
     s = sub.add_parser("demo", help="quantize real SmolLM2 weights to every type and show the error")
     s.add_argument("-m", "--model", help="GGUF file (default: the fetched SmolLM2)")
-    s.add_argument("--tensor", default="blk.0.ffn_down.weight")
-    s.add_argument("--rows", type=int, default=256)
+    s.add_argument("--tensor", default="blk.0.ffn_down.weight",
+                   help="the GGUF tensor to quantize (default blk.0.ffn_down.weight)")
+    s.add_argument("--rows", type=_above(0, "rows", int), default=256,
+                   help="how many of its rows to quantize (default 256)")
     _add_model_options(s)
     s.set_defaults(fn=_cmd_demo)
     s = sub.add_parser("generate", help="generate text with a llama-family GGUF model, an RWKV model (rwkv6 / "
@@ -892,7 +894,8 @@ def _main(argv=None) -> int:
     s.add_argument("--no-normalize", action="store_true", help="skip the Euclidean normalization")
     s.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix of the texts")
     s.add_argument("--json", action="store_true", help="print JSON with full-precision vectors")
-    s.add_argument("--batch-size", type=int, default=32)
+    s.add_argument("--batch-size", type=_above(0, "batch-size", int), default=32,
+                   help="texts padded and run together per forward pass (default 32)")
     _add_model_options(s)
     s.set_defaults(fn=_cmd_embed)
     s = sub.add_parser("convert", help="convert a Hugging Face model directory to a GGUF file llama.cpp loads")

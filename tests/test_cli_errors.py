@@ -119,6 +119,13 @@ def test_a_bad_flag_value(flag, value, tiny):
     assert_one_error_line(refimpl("generate", "-m", tiny, flag, value), flag.lstrip("-")[:5], status=2)
 
 
+@pytest.mark.parametrize("args", [["embed", "--batch-size", "0", "hello"], ["embed", "--batch-size", "-1", "a"],
+                                  ["demo", "--rows", "0"]])
+def test_a_bad_count(args):
+    """A count that would silently give nothing (embed --batch-size 0 printed no vectors and exited 0)."""
+    assert_one_error_line(refimpl(*args), args[1].lstrip("-"), status=2)
+
+
 def test_an_unknown_flag():
     assert_one_error_line(refimpl("generate", "--no-such-flag"), "--no-such-flag", status=2)
 

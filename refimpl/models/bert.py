@@ -594,10 +594,12 @@ def embed_ids(model: BertModel, ids, pooling: str | None = "mean", normalize: bo
     pooling = pooling or model.pooling or "mean"
     if pooling not in POOLINGS:
         raise ValueError(f"pooling {pooling!r} is not one of {POOLINGS}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     ids = [list(i) for i in ids]
     cap = capture_fn(capture)
     out = []
-    for lo in range(0, len(ids), max(1, int(batch_size))):
+    for lo in range(0, len(ids), int(batch_size)):
         for h in _forward(model, ids[lo:lo + batch_size], capture=capture):
             v = to_host(pool(h, pooling))
             cap("result_embd_pooled", v)

@@ -99,6 +99,13 @@ def test_batched_with_padding_equals_one_at_a_time(model):
     np.testing.assert_array_equal(e1, e2)
 
 
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
+def test_a_batch_size_that_is_not_a_positive_integer_is_refused(model, bad):
+    """batch_size=0 returned no rows and -1 dropped the last text; now both say why."""
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        bert.embed(model, TEXTS[:3], batch_size=bad)
+
+
 def test_batch_order_permutes_output(model):
     perm = np.random.default_rng(1).permutation(len(TEXTS))
     e = bert.embed(model, TEXTS)
