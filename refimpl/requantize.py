@@ -38,6 +38,7 @@ import numpy as np
 from . import gguf
 from .qtensor import QTensor, dequantize, quantize
 from .types import GGMLType, as_type, traits
+from .progress import progress
 
 __all__ = ["Entry", "KEEP_POLICIES", "register_keep_policy", "keep_policy", "default_keep", "file_type",
            "requantize"]
@@ -141,7 +142,8 @@ def requantize(src, dst, type, *, all: bool = False, log=None) -> list[Entry]:  
     policy = keep_policy(f.arch)
     tensors: dict = {}
     report: list[Entry] = []
-    for name, x in f.tensors.items():
+    for name, x in progress(f.tensors.items(), total=len(f.tensors), desc=f"quantizing to {tr.name}",
+                            unit="tensor"):
         info = f.tensor_info[name]
         st = traits(info.type)
         reason = None
