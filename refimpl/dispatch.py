@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable
 
-from .shapes import GGMLShapeError
+from .shapes import GGMLShapeError, ne4
 
 BACKENDS = ("numpy", "numba", "cuda")
 # profile -> the registration keys it tries, in order, before the reference body
@@ -145,6 +145,9 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
                         return wrapper(*args, **kwargs)
                     finally:
                         _numerics.reset(tok)
+                for a in args:                 # ggml's GGML_MAX_DIMS, for every op (ne4 says it for the others)
+                    if getattr(a, "ndim", 0) > 4:
+                        ne4(a.shape)
                 if check is not None:
                     check(*args, **kwargs)
                 key = (bget(), nget())

@@ -74,6 +74,7 @@ from gguf.constants import (GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GG
                             GGUFValueType, Keys)
 from gguf.quants import quant_shape_to_byte_shape
 
+from .errors import LoadError, looks_like
 from .progress import enabled as progress_enabled
 from .qtensor import QTensor
 from .types import NUMPY_DTYPES, GGMLType, traits, type_traits
@@ -110,12 +111,12 @@ _TRAITS_BY_ID = {int(t): tr for t, tr in type_traits.items()}   # ids 4, 5, 31-3
 _MAGIC = struct.pack("<I", GGUF_MAGIC)   # b"GGUF"
 
 
-class GGUFError(ValueError):
+class GGUFError(LoadError):
     """A malformed GGUF file. `path` is the file, `where` the header field, key or tensor at fault."""
 
     def __init__(self, path, where: str, message: str):
-        self.path, self.where = str(path), where
-        super().__init__(f"{path}: {where}: {message}")
+        self.where = where
+        super().__init__(f"{path}: {where}: {message}", path)
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,9 @@ def load(path) -> GGUFFile:
     magic, version, n_tensors, n_kv = _HEADER.unpack_from(mm, 0)
     P.pos = _HEADER.size
     if magic != _MAGIC:
-        P.fail("header magic", f"{magic!r} at offset 0; expected {_MAGIC!r}")
+        kind = looks_like(path)
+        P.fail("header magic", f"{magic!r} at offset 0; expected {_MAGIC!r}: not a GGUF file"
+               + (f" (it looks like {kind})" if kind else ""))
     if (version & 0xFFFF) == 0 and version:
         swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
         P.fail("header version", f"reads 0x{version:08x}, i.e. version {swapped} byte-swapped: a big-endian "

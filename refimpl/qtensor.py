@@ -59,6 +59,8 @@ class QTensor:
         """Wrap raw ggml bytes (bytes, bytearray, memoryview or uint8 array) without copying."""
         t, shape = as_type(type), tuple(int(s) for s in shape)
         tr = traits(t)
+        if not shape or any(s < 0 for s in shape):
+            raise ValueError(f"{tr.name} tensor shape {shape}: expected at least one dimension, none negative")
         buf = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw.reshape(-1)
         if shape[-1] % tr.blck_size:
             raise ValueError(f"{tr.name}: row length {shape[-1]} ({_fmt(shape)}) is not a multiple of "
@@ -188,7 +190,11 @@ def dequantize(qt) -> np.ndarray:
     A plain ndarray is returned as float32 (F16/F32/F64 values converted exactly where possible).
     """
     if not isinstance(qt, QTensor):
-        return np.asarray(qt, dtype=np.float32)
+        x = np.asarray(qt) if qt is not None else None
+        if x is None or x.dtype.kind not in "biuf":
+            raise ValueError(f"dequantize: expected a QTensor or an array of numbers, got {type(qt).__name__}"
+                             + (f" of {x.dtype}" if x is not None else ""))
+        return x.astype(np.float32)
     if not _DQ:                                 # imported on first use (refimpl.quants imports this module)
         from .dispatch import kernel_for
         from .quants import DEQUANTIZERS

@@ -27,7 +27,7 @@ def fail(op: str, why: str, **operands) -> None:
 def ne4(shape) -> list[int]:
     """ggml's four extents of a NumPy shape."""
     if len(shape) > 4:
-        raise ValueError(f"ggml tensors have at most 4 dims, got numpy shape {shape}")
+        raise GGMLShapeError(f"ggml tensors have at most 4 dims, got ne {list(shape)[::-1]} (numpy {tuple(shape)})")
     return list(shape[::-1]) + [1] * (4 - len(shape))
 
 

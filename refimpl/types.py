@@ -133,6 +133,8 @@ def as_type(t) -> GGMLType:
             return _BY_NAME[t.lower()]
         except KeyError:
             raise ValueError(f"unknown ggml type name {t!r}; known: {sorted(_BY_NAME)}") from None
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+        raise ValueError(f"ggml type {t!r} ({type(t).__name__}): expected a GGMLType, its number or its name")
     try:
         return GGMLType(int(t))
     except ValueError:

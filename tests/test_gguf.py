@@ -283,7 +283,8 @@ def ggml_view(path):
 def test_ggml_reads_generated_files_alike(tmp_path, alignment):
     """ggml's C reader accepts what save writes (every value and tensor type) and sees what load sees."""
     meta, vts = all_value_types_metadata()
-    path = save(tmp_path / "g.gguf", meta, all_types_tensors(seed=6, types=OLDER_READERS), alignment=alignment, value_types=vts)
+    path = save(tmp_path / "g.gguf", meta, all_types_tensors(seed=6, types=OLDER_READERS), alignment=alignment,
+                value_types=vts)
     f = load(path)
     head, kv, tensors = ggml_view(path)
     assert head == (f.version, f.alignment, f.data_offset)

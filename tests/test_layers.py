@@ -18,7 +18,7 @@ LAYER_OF = {
     "refimpl": "facade",                 # refimpl/__init__.py: re-exports core and ops for `import refimpl`
     "refimpl.types": "core", "refimpl.qtensor": "core", "refimpl.quants": "core", "refimpl.gguf": "core",
     "refimpl.dispatch": "core", "refimpl.shapes": "core", "refimpl.tolerances": "core", "refimpl.rounding": "core",
-    "refimpl.progress": "core",
+    "refimpl.progress": "core", "refimpl.errors": "core",
     "refimpl.ops": "ops",
     "refimpl.kernels": "kernels",
     "refimpl.models": "models", "refimpl.tokenizers": "models", "refimpl.tokenizer": "models",

@@ -69,6 +69,7 @@ import numpy as np
 
 from .. import gguf as _gguf
 from ..dispatch import forward_scope
+from ..errors import BertError, LoadError
 from ..ops import add, gelu, gelu_erf, get_rows, mul_mat, soft_max_ext
 from ..ops.fused import add_norm_affine, attn_mha, attn_qkv, mul_mat_add, mul_mat_add_gelu, stack_qkv
 from .common import (capture_fn, device_constant, gpu_mode, layer_norm, no_capture, on_device, permuted, to_device,
@@ -82,6 +83,35 @@ ACTS = {"gelu": gelu, "gelu_erf": gelu_erf}
 # config.json hidden_act -> refimpl op that computes it
 # config.json hidden_act values that llama.cpp's graph (ggml_gelu) stands for
 HF_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+# sane bounds for what a file says, checked before anything is sized from them
+MAX_LAYERS = 1024
+MAX_DIM = 1 << 17
+MAX_VOCAB = 1 << 24
+MAX_CTX = 1 << 24
+
+
+def _count(v, what: str, lo: int = 1, hi: int = MAX_DIM) -> int:
+    """An integer hyper-parameter (a JSON/GGUF number that is integral, not a bool) within [lo, hi]."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise BertError(f"{what} is {v!r} ({type(v).__name__}); expected an integer in [{lo}, {hi}]")
+    if isinstance(v, (float, np.floating)) and not float(v).is_integer():
+        raise BertError(f"{what} is {v!r}; expected an integer in [{lo}, {hi}]")
+    n = int(v)
+    if not lo <= n <= hi:
+        raise BertError(f"{what} is {n}; expected an integer in [{lo}, {hi}]")
+    return n
+
+
+def _eps(v, what: str) -> float:
+    """A normalization epsilon: a finite number in (0, 1) (as the f32 ggml_norm receives it)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise BertError(f"{what} is {v!r} ({type(v).__name__}); expected a number in (0, 1)")
+    e = float(np.float32(v))
+    if not (0.0 < e < 1.0):
+        raise BertError(f"{what} is {v!r}; expected a finite number in (0, 1)")
+    return e
 
 
 @dataclass(frozen=True)
@@ -104,8 +134,8 @@ class HParams:
     def from_gguf(cls, kv: dict, n_vocab: int, n_token_types: int | None = None, where="GGUF") -> "HParams":
         arch = kv.get("general.architecture")
         if arch != "bert":
-            raise ValueError(f"{where}: general.architecture {arch!r}; refimpl.models.bert runs llama.cpp's 'bert' "
-                             f"architecture only")
+            raise BertError(f"{where}: general.architecture {arch!r}; refimpl.models.bert runs llama.cpp's 'bert' "
+                            f"architecture only", where)
 
         def g(key, *default):
             full = f"{arch}.{key}"
@@ -113,52 +143,70 @@ class HParams:
                 return kv[full]
             if default:
                 return default[0]
-            raise ValueError(f"{where}: GGUF metadata is missing {full!r}")
+            raise BertError(f"{where}: GGUF metadata is missing {full!r}", where)
 
-        n_embd, n_head = int(g("embedding_length")), int(g("attention.head_count"))
-        if n_head <= 0 or n_embd % n_head:
-            raise ValueError(f"{where}: {arch}.attention.head_count {n_head} does not divide embedding_length {n_embd}")
-        if int(g("attention.head_count_kv", n_head)) != n_head:
-            raise ValueError(f"{where}: {arch}.attention.head_count_kv differs from head_count; BERT has no GQA")
+        def count(key, hi, *default, lo=1):
+            return _count(g(key, *default), f"{where}: {arch}.{key}", lo, hi)
+
+        n_embd, n_head = count("embedding_length", MAX_DIM), count("attention.head_count", MAX_DIM)
+        if n_embd % n_head:
+            raise BertError(f"{where}: {arch}.attention.head_count {n_head} does not divide embedding_length "
+                            f"{n_embd}", where)
+        if count("attention.head_count_kv", MAX_DIM, n_head) != n_head:
+            raise BertError(f"{where}: {arch}.attention.head_count_kv differs from head_count; BERT has no GQA", where)
         if g("attention.causal", False):
-            raise ValueError(f"{where}: {arch}.attention.causal is true; a BERT encoder attends both ways")
+            raise BertError(f"{where}: {arch}.attention.causal is true; a BERT encoder attends both ways", where)
         pt = g("pooling_type", None)
-        if pt is not None and int(pt) not in POOLING_NAMES:
-            raise ValueError(f"{where}: {arch}.pooling_type {pt} is not one of {POOLING_NAMES} (rank pooling needs "
-                             f"a classifier head refimpl does not run)")
-        ntt = n_token_types if n_token_types is not None else int(kv.get("tokenizer.ggml.token_type_count", 0))
-        return cls(arch=arch, n_vocab=int(n_vocab), n_ctx_train=int(g("context_length")), n_embd=n_embd,
-                   n_layer=int(g("block_count")), n_head=n_head, head_dim=n_embd // n_head,
-                   n_ff=int(g("feed_forward_length")), norm_eps=float(np.float32(g("attention.layer_norm_epsilon"))),
+        if pt is not None and (isinstance(pt, bool) or not isinstance(pt, (int, np.integer))
+                               or int(pt) not in POOLING_NAMES):
+            raise BertError(f"{where}: {arch}.pooling_type {pt!r} is not one of {POOLING_NAMES} (rank pooling needs "
+                            f"a classifier head refimpl does not run)", where)
+        ntt = n_token_types if n_token_types is not None else _count(
+            kv.get("tokenizer.ggml.token_type_count", 0), f"{where}: tokenizer.ggml.token_type_count", 0, MAX_VOCAB)
+        return cls(arch=arch, n_vocab=_count(n_vocab, f"{where}: token_embd.weight rows", 1, MAX_VOCAB),
+                   n_ctx_train=count("context_length", MAX_CTX), n_embd=n_embd,
+                   n_layer=count("block_count", MAX_LAYERS), n_head=n_head, head_dim=n_embd // n_head,
+                   n_ff=count("feed_forward_length", MAX_DIM),
+                   norm_eps=_eps(g("attention.layer_norm_epsilon"), f"{where}: {arch}.attention.layer_norm_epsilon"),
                    n_token_types=ntt, pooling=None if pt is None else POOLING_NAMES[int(pt)], act="gelu")
 
     @classmethod
     def from_hf_config(cls, cfg: dict, where="config.json", pooling: str | None = None) -> "HParams":
+        if not isinstance(cfg, dict):
+            raise BertError(f"{where}: the top level is a JSON {type(cfg).__name__}; expected an object", where)
+
         def g(key, *default):
             if key in cfg:
                 return cfg[key]
             if default:
                 return default[0]
-            raise ValueError(f"{where}: missing {key!r}")
+            raise BertError(f"{where}: missing {key!r}", where)
+
+        def count(key, hi, *default, lo=1):
+            return _count(g(key, *default), f"{where}: {key}", lo, hi)
 
         archs = cfg.get("architectures") or []
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise BertError(f"{where}: architectures {archs!r}; expected a list of names", where)
         if cfg.get("model_type") != "bert" and not any(a.startswith("Bert") for a in archs):
-            raise ValueError(f"{where}: model_type {cfg.get('model_type')!r} / architectures {archs} is not BERT")
+            raise BertError(f"{where}: model_type {cfg.get('model_type')!r} / architectures {archs} is not BERT", where)
         if g("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{where}: position_embedding_type {cfg['position_embedding_type']!r}; llama.cpp's bert "
-                             f"graph has absolute positions only")
+            raise BertError(f"{where}: position_embedding_type {cfg['position_embedding_type']!r}; llama.cpp's bert "
+                            f"graph has absolute positions only", where)
         if cfg.get("is_decoder"):
-            raise ValueError(f"{where}: is_decoder is true; only the bidirectional encoder is supported")
+            raise BertError(f"{where}: is_decoder is true; only the bidirectional encoder is supported", where)
         act = g("hidden_act", "gelu")
-        if act not in HF_ACTS:
-            raise ValueError(f"{where}: hidden_act {act!r} is not one of {sorted(HF_ACTS)}")
-        n_embd, n_head = int(g("hidden_size")), int(g("num_attention_heads"))
-        if n_head <= 0 or n_embd % n_head:
-            raise ValueError(f"{where}: num_attention_heads {n_head} does not divide hidden_size {n_embd}")
-        return cls(arch="bert", n_vocab=int(g("vocab_size")), n_ctx_train=int(g("max_position_embeddings")),
-                   n_embd=n_embd, n_layer=int(g("num_hidden_layers")), n_head=n_head, head_dim=n_embd // n_head,
-                   n_ff=int(g("intermediate_size")), norm_eps=float(np.float32(g("layer_norm_eps", 1e-12))),
-                   n_token_types=int(g("type_vocab_size", 2)), pooling=pooling, act="gelu")
+        if not isinstance(act, str) or act not in HF_ACTS:
+            raise BertError(f"{where}: hidden_act {act!r} is not one of {sorted(HF_ACTS)}", where)
+        n_embd, n_head = count("hidden_size", MAX_DIM), count("num_attention_heads", MAX_DIM)
+        if n_embd % n_head:
+            raise BertError(f"{where}: num_attention_heads {n_head} does not divide hidden_size {n_embd}", where)
+        return cls(arch="bert", n_vocab=count("vocab_size", MAX_VOCAB),
+                   n_ctx_train=count("max_position_embeddings", MAX_CTX), n_embd=n_embd,
+                   n_layer=count("num_hidden_layers", MAX_LAYERS), n_head=n_head, head_dim=n_embd // n_head,
+                   n_ff=count("intermediate_size", MAX_DIM), norm_eps=_eps(g("layer_norm_eps", 1e-12),
+                                                                            f"{where}: layer_norm_eps"),
+                   n_token_types=count("type_vocab_size", MAX_VOCAB, 2, lo=0), pooling=pooling, act="gelu")
 
 
 # name -> (shape from hparams, required)
@@ -188,26 +236,29 @@ def _fmt(shape) -> str:
 
 
 def check_weights(hp: HParams, weights: dict, where="", describe: Callable[[str], str] = repr) -> None:
-    """ValueError naming the file and tensor for a missing, misshapen or unexpected tensor."""
+    """BertError naming the file and tensor for a missing, misshapen or unexpected tensor."""
+    layers = {int(n.split(".")[1]) for n in weights if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if hp.n_layer > len(layers) + 1:         # before the expected shapes are built from a count the file gave
+        raise BertError(f"{where}: {hp.n_layer} layers in the hyper-parameters, tensors for {len(layers)}")
     want = expected_shapes(hp)
     for name, (shape, required) in want.items():
         t = weights.get(name)
         if t is None:
             if required:
-                raise ValueError(f"{where}: tensor {describe(name)} is missing; expected {_fmt(shape)}")
+                raise BertError(f"{where}: tensor {describe(name)} is missing; expected {_fmt(shape)}")
             continue
         if tuple(t.shape) != shape:
-            raise ValueError(f"{where}: tensor {describe(name)} has {_fmt(t.shape)}, expected {_fmt(shape)} "
+            raise BertError(f"{where}: tensor {describe(name)} has {_fmt(t.shape)}, expected {_fmt(shape)} "
                              f"(n_vocab {hp.n_vocab}, n_ctx_train {hp.n_ctx_train}, n_embd {hp.n_embd}, "
                              f"n_ff {hp.n_ff}, n_token_types {hp.n_token_types}, n_layer {hp.n_layer})")
     extra = [n for n in weights if n not in want]
     if extra:
-        raise ValueError(f"{where}: tensor {describe(extra[0])} is not part of a {hp.n_layer}-layer bert model"
+        raise BertError(f"{where}: tensor {describe(extra[0])} is not part of a {hp.n_layer}-layer bert model"
                          + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
     for i in range(hp.n_layer):
         b = [weights.get(f"blk.{i}.{n}.bias") is None for n in ("attn_q", "attn_k", "attn_v")]
         if any(b) and not all(b):
-            raise ValueError(f"{where}: blk.{i} has biases for some of attn_q/attn_k/attn_v but not all")
+            raise BertError(f"{where}: blk.{i} has biases for some of attn_q/attn_k/attn_v but not all")
 
 
 @dataclass(frozen=True)
@@ -301,7 +352,7 @@ def load(path, *, act: str | None = None, tokenizer: bool = True) -> BertModel:
     f = path if isinstance(path, _gguf.GGUFFile) else _gguf.load(path)
     emb = f.tensors.get("token_embd.weight")
     if emb is None:
-        raise ValueError(f"{f.path}: tensor 'token_embd.weight' is missing")
+        raise BertError(f"{f.path}: tensor 'token_embd.weight' is missing", f.path)
     tt = f.tensors.get("token_types.weight")
     hp = _with_act(HParams.from_gguf(f.metadata, emb.shape[0], None if tt is None else tt.shape[0], where=f.path), act)
     weights = dict(f.tensors)
@@ -316,6 +367,17 @@ def load(path, *, act: str | None = None, tokenizer: bool = True) -> BertModel:
 
 
 def _load_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
+    """The directory's model; what the libraries under it raise (JSON, safetensors, a malformed field's KeyError
+    or TypeError) comes out as a BertError naming the directory, chained."""
+    try:
+        return _read_hf(src, act=act, tokenizer=tokenizer)
+    except LoadError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError, UnicodeDecodeError, OverflowError) as e:
+        raise BertError(f"{src}: not a BERT directory refimpl can read: {type(e).__name__}: {e}", src) from e
+
+
+def _read_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
     from . import bert_hf as cb
     hp = HParams.from_hf_config(cb.read_config(src), src / "config.json", pooling=cb.hf_pooling(src))
     hp = _with_act(hp, act)

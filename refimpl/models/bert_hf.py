@@ -11,6 +11,10 @@ from typing import Iterator
 
 import numpy as np
 
+from ..errors import BertError, not_this_format
+
+MAX_JSON_BYTES = 1 << 30          # tokenizer.json of the largest vocabularies is ~20 MB
+
 _TOP = {"embeddings.word_embeddings": "token_embd", "embeddings.token_type_embeddings": "token_types",
         "embeddings.position_embeddings": "position_embd", "embeddings.LayerNorm": "token_embd_norm"}
 _LAYER = {"attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
@@ -21,23 +25,31 @@ _DROP = re.compile(r"(embeddings\.position_ids|pooler\..*|cls\.predictions\..*|c
 
 # -- reading a Hugging Face directory ------------------------------------------------------------------
 
-def read_json(path: Path, required: bool = False):
+def read_json(path: Path, required: bool = False, expect: type | None = None):
+    """The parsed JSON file (None if absent and not required); BertError if it is not JSON or its top level is
+    not `expect` (dict: an object, list: an array)."""
     if not path.is_file():
         if required:
-            raise FileNotFoundError(f"{path}: missing")
+            raise BertError(f"{path}: missing", path)
         return None
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise BertError(f"{path}: {path.stat().st_size} bytes; a JSON file here is at most {MAX_JSON_BYTES}", path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        v = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise BertError(not_this_format(path, "valid UTF-8 JSON") + f" ({e})", path) from e
+    if expect is not None and not isinstance(v, expect):
+        want = {dict: "an object", list: "an array"}.get(expect, expect.__name__)
+        raise BertError(f"{path}: the top level is a JSON {type(v).__name__}; expected {want}", path)
+    return v
 
 
 def read_config(src: Path) -> dict:
-    return read_json(Path(src) / "config.json", required=True)
+    return read_json(Path(src) / "config.json", required=True, expect=dict)
 
 
 def gguf_name(hf_name: str, where="") -> str | None:
-    """llama.cpp's name for a Hugging Face BERT tensor; None for one that is dropped; KeyError otherwise."""
+    """llama.cpp's name for a Hugging Face BERT tensor; None for one that is dropped; BertError otherwise."""
     n = hf_name[5:] if hf_name.startswith("bert.") else hf_name
     if n.endswith(".gamma"):
         n = n[:-6] + ".weight"
@@ -52,8 +64,9 @@ def gguf_name(hf_name: str, where="") -> str | None:
         m = re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)", base)
         if m and m.group(2) in _LAYER:
             return f"blk.{int(m.group(1))}.{_LAYER[m.group(2)]}.{suffix}"
-    raise KeyError(f"{where}: tensor {hf_name!r} has no counterpart in llama.cpp's bert architecture "
-                   f"(known: embeddings.*, encoder.layer.N.attention/intermediate/output.*; dropped: pooler, cls.*)")
+    raise BertError(f"{where}: tensor {hf_name!r} has no counterpart in llama.cpp's bert architecture "
+                    f"(known: embeddings.*, encoder.layer.N.attention/intermediate/output.*; dropped: pooler, cls.*)",
+                    where or None)
 
 
 def hf_name(name: str) -> str | None:
@@ -81,34 +94,51 @@ def safetensors_files(src: Path) -> list[Path]:
     single = src / "model.safetensors"
     if single.is_file():
         return [single]
-    index = read_json(src / "model.safetensors.index.json")
+    index = read_json(src / "model.safetensors.index.json", expect=dict)
     if index is not None:
-        return [src / f for f in sorted(set(index.get("weight_map", {}).values()))]
-    raise FileNotFoundError(f"{src}: no model.safetensors (nor model.safetensors.index.json); refimpl reads "
+        wm = index.get("weight_map", {})
+        if not isinstance(wm, dict) or not all(isinstance(f, str) and "/" not in f and f not in ("", ".", "..")
+                                               for f in wm.values()):
+            raise BertError(f"{src / 'model.safetensors.index.json'}: weight_map must map names to file names in "
+                            f"the directory", src)
+        return [src / f for f in sorted(set(wm.values()))]
+    raise BertError(f"{src}: no model.safetensors (nor model.safetensors.index.json); refimpl reads "
                             f"safetensors checkpoints only")
 
 
 def _raw_bf16(path: Path, name: str) -> np.ndarray:
     """A BF16 tensor widened (exactly) to f32: NumPy has no bfloat16, so read its bytes via the file header
     (8-byte little-endian header length, JSON header with `data_offsets` relative to the data section)."""
+    size = path.stat().st_size
     with open(path, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
+        if not 2 <= n <= size - 8:
+            raise BertError(f"{path}: safetensors header length {n} does not fit the file's {size} bytes", path)
         header = json.loads(fh.read(n))
     e = header[name]
-    lo, hi = e["data_offsets"]
+    lo, hi = (int(v) for v in e["data_offsets"])
+    shape = [int(d) for d in e["shape"]]
+    if not (0 <= lo <= hi <= size - 8 - n) or hi - lo != 2 * int(np.prod(shape)):
+        raise BertError(f"{path}: tensor {name!r}: data_offsets [{lo}, {hi}) do not hold a BF16 {shape} inside the "
+                        f"file's {size} bytes", path)
     raw = np.fromfile(path, dtype="<u2", count=(hi - lo) // 2, offset=8 + n + lo)
-    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(e["shape"])
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
 
 
 def iter_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
     """(name, array) of every tensor of one safetensors file, in the file's key order (safe_open, NumPy)."""
-    from safetensors import safe_open
-    with safe_open(str(path), framework="np") as f:
-        for name in f.keys():
-            if f.get_slice(name).get_dtype() == "BF16":
-                yield name, _raw_bf16(path, name)
-            else:
-                yield name, f.get_tensor(name)
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(path), framework="np") as f:
+            for name in f.keys():
+                if f.get_slice(name).get_dtype() == "BF16":
+                    x = _raw_bf16(path, name)
+                else:
+                    x = f.get_tensor(name)
+                yield name, x
+    except (SafetensorError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise BertError(not_this_format(path, "a readable safetensors file") + f" ({type(e).__name__}: {e})",
+                        path) from e
 
 
 def hf_tensors(src) -> dict[str, np.ndarray]:
@@ -136,11 +166,15 @@ def hf_tensors(src) -> dict[str, np.ndarray]:
 def hf_pooling(src) -> str | None:
     """The sentence-transformers pooling (none/mean/cls/last) that modules.json / 1_Pooling say, else None."""
     src = Path(src)
-    modules = read_json(src / "modules.json") or []
+    modules = read_json(src / "modules.json", expect=list) or []
+    if not all(isinstance(m, dict) for m in modules):
+        raise BertError(f"{src / 'modules.json'}: expected an array of objects", src)
     path = next((m.get("path", "") for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
     if path is None:
         return None
-    cfg = read_json(src / path / "config.json", required=True)
+    if not isinstance(path, str) or ".." in Path(path).parts or Path(path).is_absolute():
+        raise BertError(f"{src / 'modules.json'}: pooling module path {path!r} is not a folder of the directory", src)
+    cfg = read_json(src / path / "config.json", required=True, expect=dict)
     if cfg.get("pooling_mode_mean_tokens"):
         return "mean"
     if cfg.get("pooling_mode_cls_token"):
@@ -155,9 +189,14 @@ def hf_pooling(src) -> str | None:
 
 def hf_max_length(src) -> int | None:
     """sentence-transformers' max_seq_length (sentence_bert_config.json), else None."""
-    cfg = read_json(Path(src) / "sentence_bert_config.json") or {}
+    where = Path(src) / "sentence_bert_config.json"
+    cfg = read_json(where, expect=dict) or {}
     n = cfg.get("max_seq_length")
-    return int(n) if n else None
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1 << 24:
+        raise BertError(f"{where}: max_seq_length {n!r}; expected an integer in [1, {1 << 24}]", where)
+    return n
 
 
 # -- vocabulary ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ activations that live on a device (asked of the backend's residency, refimpl.dis
 imports a kernel or names a backend)."""
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -61,3 +62,27 @@ def permuted(x, axes):
     if on_device(x):
         return device_of().permute(x, axes)
     return np.ascontiguousarray(x.transpose(axes))
+
+
+def memory_limit() -> int:
+    """Bytes one allocation sized from a request may take: REFIMPL_MAX_MEMORY (bytes, or with a K/M/G/T suffix),
+    else the machine's physical memory (a request beyond it can only fail, slowly, or swap)."""
+    v = os.environ.get("REFIMPL_MAX_MEMORY", "").strip()
+    if v:
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(v[-1].upper(), 1)
+        try:
+            return int(float(v[:-1] if mult > 1 else v) * mult)
+        except ValueError:
+            raise ValueError(f"REFIMPL_MAX_MEMORY={v!r}: expected bytes, e.g. 8G") from None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def check_alloc(nbytes: int, what: str) -> None:
+    """ValueError saying what needs how much, when nbytes exceeds memory_limit()."""
+    limit = memory_limit()
+    if nbytes > limit:
+        raise ValueError(f"{what} needs {nbytes / 2**30:.1f} GiB, more than the {limit / 2**30:.1f} GiB limit "
+                         f"(the machine's memory, or REFIMPL_MAX_MEMORY)")

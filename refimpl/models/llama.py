@@ -34,7 +34,7 @@ from ..ops import add, get_rows, ggml_numerics, mul, mul_mat, rms_norm, rope_ext
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
-from .common import (capture_fn, device_constant, gpu_mode, movement, on_device, permuted,  # noqa: F401
+from .common import (capture_fn, check_alloc, device_constant, gpu_mode, movement, on_device, permuted,  # noqa: F401
                      to_device, to_host)
 
 A = Any  # np.ndarray or QTensor
@@ -337,10 +337,14 @@ def new_cache(model: LlamaModel, n_ctx: int | None = None, dtype=None) -> KVCach
     """An empty KVCache for n_ctx positions (default: the training context, at most 2048). dtype None means
     float32 in exact mode and float16 under numerics="ggml" (llama.cpp's default K/V type)."""
     hp = model.hparams
-    n_ctx = n_ctx or min(hp.n_ctx_train or 2048, 2048)
+    n_ctx = min(hp.n_ctx_train or 2048, 2048) if n_ctx is None else n_ctx
     if dtype is None:
         dtype = np.float16 if ggml_numerics() else np.float32
-    return KVCache(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim, dtype)
+    if int(n_ctx) != n_ctx or n_ctx < 1:
+        raise ValueError(f"new_cache: n_ctx must be a positive integer, got {n_ctx!r}")
+    check_alloc(2 * hp.n_layer * int(n_ctx) * hp.n_head_kv * hp.head_dim * np.dtype(dtype).itemsize,
+                f"a KV cache of {n_ctx} positions ({hp.n_layer} layers, {hp.n_head_kv} KV heads of {hp.head_dim})")
+    return KVCache(hp.n_layer, int(n_ctx), hp.n_head_kv, hp.head_dim, dtype)
 
 
 def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
@@ -447,8 +451,10 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
         raise ValueError("forward: no tokens")
     if tokens.min() < 0 or tokens.max() >= hp.n_vocab:
         raise ValueError(f"forward: token id out of range [0, {hp.n_vocab})")
-    cap = capture_fn(capture)
     pos, T = cache.n_past, tokens.size
+    if pos + T > cache.n_ctx:                 # before the mask and the activations are sized from T
+        raise ValueError(f"KV cache full: {pos} + {T} tokens > n_ctx {cache.n_ctx}")
+    cap = capture_fn(capture)
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)
     mask = causal_mask(T, n_kv_cells(pos + T), pos)

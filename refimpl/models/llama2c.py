@@ -69,6 +69,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..errors import LoadError
 from .llama import ROPE_NORMAL, HParams, Layer, LlamaModel
 
 MAGIC = 0x616B3432            # "ak42" read as a little-endian uint32
@@ -81,13 +82,13 @@ __all__ = ["Config", "Checkpoint", "read_checkpoint", "load", "hparams", "Llama2
            "is_gguf", "MAGIC", "Llama2cError"]
 
 
-class Llama2cError(ValueError):
+class Llama2cError(LoadError):
     """A malformed llama2.c checkpoint or tokenizer.bin. `path` is the file, `field` the header field, weight
     or token at fault (None when the whole file is, e.g. its size)."""
 
     def __init__(self, path, message: str, field: str | None = None):
-        self.path, self.field = str(path), field
-        super().__init__(f"{path}: {message}")
+        self.field = field
+        super().__init__(f"{path}: {message}", path)
 
 
 @dataclass(frozen=True)

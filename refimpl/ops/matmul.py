@@ -56,7 +56,7 @@ def rows_packed(x) -> bool:
     if isinstance(x, QTensor):
         return True
     x = np.asarray(x)
-    return x.ndim == 0 or x.shape[-1] <= 1 or x.strides[-1] == x.itemsize
+    return x.ndim == 0 or x.size == 0 or x.shape[-1] <= 1 or x.strides[-1] == x.itemsize
 
 
 def is_transposed(x) -> bool:
@@ -64,7 +64,7 @@ def is_transposed(x) -> bool:
     if isinstance(x, QTensor) or np.ndim(x) < 2:
         return False
     x = np.asarray(x)
-    return x.shape[-1] > 1 and x.shape[-2] > 1 and x.strides[-1] > x.strides[-2]
+    return x.size > 0 and x.shape[-1] > 1 and x.shape[-2] > 1 and x.strides[-1] > x.strides[-2]
 
 
 def _rows_f64(x, lo: int, hi: int, dtype=np.float64) -> np.ndarray:

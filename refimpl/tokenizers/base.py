@@ -3,6 +3,7 @@ streaming decoder (bytes held back until they form whole UTF-8 characters)."""
 from __future__ import annotations
 
 import codecs
+import operator
 
 EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
               "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
@@ -27,3 +28,15 @@ class StreamDecoder:
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
+
+
+def token_index(token_id, n_vocab: int) -> int:
+    """token_id as an index into a vocabulary of n_vocab tokens: an integer in [0, n_vocab), else ValueError
+    (a negative id would otherwise silently pick a token from the end, as Python indexing does)."""
+    try:
+        i = operator.index(token_id)
+    except TypeError:
+        raise ValueError(f"token id {token_id!r} is not an integer") from None
+    if not 0 <= i < n_vocab:
+        raise ValueError(f"token id {i} out of range [0, {n_vocab})")
+    return i

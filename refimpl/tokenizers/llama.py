@@ -84,7 +84,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .base import EOG_TEXTS, EOT_TEXTS, StreamDecoder  # noqa: F401
+from .base import EOG_TEXTS, EOT_TEXTS, StreamDecoder, token_index  # noqa: F401
 
 
 
@@ -393,6 +393,7 @@ class Tokenizer:
 
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
         """`llama_token_to_piece(id, lstrip=0, special)`: the bytes this token stands for."""
+        token_id = token_index(token_id, len(self.tokens))
         t = self.token_type[token_id]
         if t in (TokenType.CONTROL, TokenType.UNKNOWN) and not special:
             return b""
@@ -419,7 +420,7 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], special: bool = True) -> str:
         """`llama_detokenize(ids, remove_special=False, unparse_special=special)` as text."""
-        pieces = [self.token_to_piece(int(i), special) for i in ids]
+        pieces = [self.token_to_piece(i, special) for i in ids]
         if self.add_space_prefix and pieces and pieces[0].startswith(b" "):
             pieces[0] = pieces[0][1:]
         data = b"".join(pieces)

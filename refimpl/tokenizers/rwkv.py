@@ -42,6 +42,8 @@ import ast
 from os import PathLike
 from typing import Iterable, Sequence
 
+from .base import token_index
+
 __all__ = ["RWKVTokenizer", "escape_token", "unescape_token"]
 
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED = 1, 2, 3, 4, 5     # gguf TokenType values
@@ -296,7 +298,7 @@ class RWKVTokenizer:
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
         """`llama_token_to_piece(id, 0, special)`: the token's bytes (b"" for a CONTROL or UNKNOWN
         token when special=False)."""
-        i = int(token_id)
+        i = token_index(token_id, len(self.token_bytes))
         if not special and self.token_type[i] in (_CONTROL, _UNKNOWN):
             return b""
         return self.token_bytes[i]

@@ -83,6 +83,9 @@ from os import PathLike
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..errors import LoadError, TokenizerError, not_this_format
+from .base import token_index
+
 __all__ = ["WordPieceTokenizer", "from_hf_dir"]
 
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED = 1, 2, 3, 4, 5     # gguf TokenType / llama.h
@@ -309,7 +312,12 @@ class WordPieceTokenizer:
     def from_hf_dir(cls, path, compat: str | None = None) -> "WordPieceTokenizer":
         """A Hugging Face / sentence-transformers model directory: `tokenizer.json` if present, else
         `vocab.txt` with the options of `tokenizer_config.json`. max_length: sentence_bert_config.json's
-        `max_seq_length`, else tokenizer_config.json's `model_max_length` unless it is a placeholder."""
+        `max_seq_length`, else tokenizer_config.json's `model_max_length` unless it is a placeholder.
+        A malformed file raises TokenizerError naming it."""
+        return _guarded(Path(path), cls._from_hf_dir, path, compat)
+
+    @classmethod
+    def _from_hf_dir(cls, path, compat: str | None = None) -> "WordPieceTokenizer":
         d = Path(path)
         cfg = _read_json(d / "tokenizer_config.json") or {}
         max_length = (_read_json(d / "sentence_bert_config.json") or {}).get("max_seq_length")
@@ -342,12 +350,27 @@ class WordPieceTokenizer:
     def from_tokenizer_json(cls, path, max_length: int | None = None,
                             compat: str | None = None) -> "WordPieceTokenizer":
         """A `tokenizers` file with a BertNormalizer, BertPreTokenizer and WordPiece model."""
+        return _guarded(Path(path), cls._from_tokenizer_json, path, max_length, compat)
+
+    @classmethod
+    def _from_tokenizer_json(cls, path, max_length: int | None = None,
+                             compat: str | None = None) -> "WordPieceTokenizer":
         src = str(path)
         tj = _read_json(Path(path))
+        if tj is None:
+            raise TokenizerError(f"{src}: missing", src)
         model = tj.get("model") or {}
-        if model.get("type") != "WordPiece":
-            raise ValueError(f"{src}: model type {model.get('type')!r} is not WordPiece")
-        vocab = model["vocab"]
+        if not isinstance(model, dict) or model.get("type") != "WordPiece":
+            raise TokenizerError(f"{src}: model type {model.get('type') if isinstance(model, dict) else model!r} "
+                                 f"is not WordPiece", src)
+        vocab = model.get("vocab")
+        if not isinstance(vocab, dict) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                  for i in vocab.values()):
+            raise TokenizerError(f"{src}: model.vocab must map tokens to integer ids", src)
+        if vocab and (min(vocab.values()) < 0 or max(vocab.values()) >= len(vocab)):
+            # checked before the id list is sized from the largest id
+            raise TokenizerError(f"{src}: vocabulary ids span [{min(vocab.values())}, {max(vocab.values())}] for "
+                                 f"{len(vocab)} tokens; expected 0..{len(vocab) - 1}", src)
         tokens = [None] * (max(vocab.values()) + 1 if vocab else 0)
         for t, i in vocab.items():
             tokens[i] = t
@@ -636,7 +659,7 @@ class WordPieceTokenizer:
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
         """llama.cpp's piece: b" " + word for a word-start token, the text after "##" for a
         continuation, a special token's text (b"" when special=False)."""
-        i = int(token_id)
+        i = token_index(token_id, len(self.tokens))
         t, ty = self.tokens[i], self.token_type[i]
         if ty in (_CONTROL, _UNKNOWN):
             return t.encode() if special else b""
@@ -650,8 +673,9 @@ class WordPieceTokenizer:
         """Hugging Face's decode (`tokenizers`' WordPiece decoder with cleanup): pieces joined by
         spaces, "##" pieces glued on, " ." " ?" " !" " ," contracted per token; special=False drops
         the special tokens."""
-        toks = [self.tokens[int(i)] for i in ids
-                if self.token_type[int(i)] != _UNUSED and (special or int(i) not in self.special_ids)]
+        idx = [token_index(i, len(self.tokens)) for i in ids]
+        toks = [self.tokens[i] for i in idx
+                if self.token_type[i] != _UNUSED and (special or i not in self.special_ids)]
         out = []
         for k, t in enumerate(toks):
             if k:
@@ -675,13 +699,29 @@ _CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), ("
 
 
 def _read_json(p: Path):
+    """A JSON object file (None if absent); TokenizerError if it is not JSON or not an object at the top."""
     if not p.is_file():
         return None
-    with open(p, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}: not valid JSON ({e})") from e
+    try:
+        with open(p, encoding="utf-8") as f:
+            v = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise TokenizerError(not_this_format(p, "valid UTF-8 JSON") + f" ({e})", p) from e
+    if not isinstance(v, dict):
+        raise TokenizerError(f"{p}: the top level is a JSON {type(v).__name__}; expected an object", p)
+    return v
+
+
+def _guarded(where, fn, *args, **kwargs):
+    """fn(*args, **kwargs), with what a malformed field raises deep inside (KeyError, TypeError, ...) turned
+    into a TokenizerError naming `where`, chained."""
+    try:
+        return fn(*args, **kwargs)
+    except LoadError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError, OverflowError) as e:
+        raise TokenizerError(f"{where}: not a WordPiece tokenizer refimpl can read: {type(e).__name__}: {e}",
+                             where) from e
 
 
 def from_hf_dir(path: str | PathLike, compat: str | None = None) -> WordPieceTokenizer:

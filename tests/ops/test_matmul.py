@@ -80,12 +80,16 @@ def test_mul_mat_never_dequantizes_the_whole_weight(monkeypatch):
 
 
 @pytest.mark.parametrize("a_dtype,b_dtype,ok", [(np.float32, np.float32, True), (np.float16, np.float16, True),
-                                                (np.float16, np.float32, True), (np.float32, np.float16, False)])
+                                                (np.float16, np.float32, True), (np.float32, np.float16, True),
+                                                ("q8_0", np.float16, False)])
 def test_mul_mat_b_types(a_dtype, b_dtype, ok):
-    """b is f32 or exactly the weight's vec_dot_type; anything else aborts in ggml-cpu."""
-    a, b = np.ones((3, 8), a_dtype), np.ones((2, 8), b_dtype)
+    """b is f32, exactly the weight's vec_dot_type, or (ggml 0.25.3) f16/bf16 for an f32 weight, widened;
+    anything else aborts in ggml-cpu (0.15.3 aborts on f32 x f16 too)."""
+    a = refimpl.quantize(np.ones((3, 32), np.float32), a_dtype) if isinstance(a_dtype, str) else \
+        np.ones((3, 32), a_dtype)
+    b = np.ones((2, 32), b_dtype)
     if ok:
-        assert np.array_equal(mul_mat(a, b), np.full((2, 3), 8, np.float32))
+        assert np.array_equal(mul_mat(a, b), np.full((2, 3), 32, np.float32))
     else:
         with pytest.raises(GGMLShapeError, match="src1 must be f32"):
             mul_mat(a, b)
