@@ -327,7 +327,7 @@ class WordPieceTokenizer:
         if (d / "tokenizer.json").is_file():
             return cls.from_tokenizer_json(d / "tokenizer.json", max_length=max_length, compat=compat)
         if not (d / "vocab.txt").is_file():
-            raise FileNotFoundError(f"{d}: neither tokenizer.json nor vocab.txt")
+            raise TokenizerError(f"{d}: neither tokenizer.json nor vocab.txt", d)
         specials = {}
         for key in ("cls", "sep", "unk", "pad", "mask"):
             t = cfg.get(f"{key}_token")
