@@ -3,7 +3,7 @@
 Shapes are NumPy order; ggml's `ne` is the same list reversed. See docs/ and ../README.md.
 """
 from .types import GGMLType, traits, type_traits, as_type
-from .errors import LoadError, BertError, TokenizerError
+from .errors import LoadError, BertError, TokenizerError, RWKVError
 from .qtensor import QTensor, quantize, dequantize
 from . import ops
 from .ops import *  # noqa: F401,F403  every op as refimpl.<name>
@@ -11,7 +11,8 @@ from .ops import backend, numerics
 
 __version__ = "0.1.0"
 __all__ = ["GGMLType", "QTensor", "quantize", "dequantize", "traits", "type_traits", "as_type", "gguf", "ops",
-           "backend", "numerics", "LoadError", "BertError", "TokenizerError"] + [
+           "backend", "numerics", "LoadError", "BertError", "TokenizerError",
+           "RWKVError"] + [
                n for n in ops.__all__ if n not in ("OPS", "op", "register")]
 
 

@@ -146,7 +146,8 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
                     finally:
                         _numerics.reset(tok)
                 for a in args:                 # ggml's GGML_MAX_DIMS, for every op (ne4 says it for the others)
-                    if getattr(a, "ndim", 0) > 4:
+                    nd = getattr(a, "ndim", 0)     # (a class such as np.float32 has a descriptor there)
+                    if type(nd) is int and nd > 4:
                         ne4(a.shape)
                 if check is not None:
                     check(*args, **kwargs)

@@ -6,6 +6,7 @@
     +-- Llama2cError              refimpl.models.llama2c (checkpoints and tokenizer.bin)
     +-- BertError                 refimpl.models.bert (Hugging Face / sentence-transformers directories)
     +-- TokenizerError            refimpl.tokenizers (tokenizer.json, vocab.txt, GGUF vocabularies)
+    +-- RWKVError                 refimpl.models.rwkv (.pth / .safetensors / .npz checkpoints)
 
 Loaders catch what the libraries they call raise (SafetensorError, JSONDecodeError, KeyError, TypeError, ...) at
 their boundary and raise one of these from it, so `except refimpl.LoadError` is the one clause a caller needs.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["LoadError", "BertError", "TokenizerError", "looks_like", "not_this_format"]
+__all__ = ["LoadError", "BertError", "TokenizerError", "RWKVError", "looks_like", "not_this_format"]
 
 
 class LoadError(ValueError):
@@ -34,6 +35,10 @@ class BertError(LoadError):
 
 class TokenizerError(LoadError):
     """A tokenizer file refimpl cannot load (tokenizer.json, vocab.txt, GGUF tokenizer metadata)."""
+
+
+class RWKVError(LoadError):
+    """An RWKV checkpoint refimpl cannot load (.pth, .safetensors, .npz)."""
 
 
 def looks_like(path) -> str | None:

@@ -31,20 +31,17 @@ SHORTFALLS = """
   with `assert` (compiled out in release builds) and then sums each row as contiguous floats, so for a
   permuted source it adds other elements than the tensor's. refimpl sums the tensor's own elements; the
   comparison is against ggml-cpu's out-of-spec answer, and refimpl keeps the defined result.
-- **Type `Q2_0`** (new in ggml 0.25.3: 64 elements, an f16 scale and 2-bit codes; every `CPY`, `GET_ROWS`,
-  `SET_ROWS`, `MUL_MAT(_ID)`, `FLASH_ATTN_EXT` case with it): refimpl's type enum is gguf-py's
-  `GGMLQuantizationType` (gguf 0.19.0), which has no Q2_0 yet, so refimpl has no tensor for it; the server
-  stores and moves Q2_0 bytes and refuses the nodes that compute with them.
-- **bf16 sources of the unary and GLU ops** (`SILU`, `GELU*`, `SWIGLU`, `GEGLU*`, `REGLU`, and the fused
-  tests built on them): new in 0.25.3 (`ggml_vec_silu_bf16` and friends: the f32 function of the widened
-  value, rounded once to bf16; GELU takes the f32 formula there, not the f16 table); refimpl's ops take f32/f16.
-- **New in 0.25.3, not in refimpl's op set yet**: `LIGHTNING_INDEXER`, `DSV4_HC_COMB`, `DSV4_HC_PRE`,
-  `DSV4_HC_POST` (DeepSeek V4), `SWIGLU_CLAMP`, `SSM_SCAN` with K > 1 states (`SSM_SCAN_ROLLBACK`), and
-  `XIELU` (its op_params carry softplus(alpha) already; refimpl's xielu takes alpha).
-- **Operand types 0.25.3 accepts and refimpl's ops do not yet**: `MUL_MAT` of f32 weights by f16/bf16
-  activations (the depthwise `CONV_1D_DW` and `MUL_MAT_VEC_FUSION` cases), `OUT_PROD` with f16 src0,
-  `IM2COL` into f16 from an f32 kernel, `CONV_2D_DW` with an f16 kernel, `CONV_3D` with an empty kernel axis.
-- **Training ops** `OPT_STEP_ADAMW`, `OPT_STEP_SGD`: not in refimpl's op set.
+- **Not computed by design**: `MAP_CUSTOM1..3` and `CUSTOM` (a client-side C callback: its code never crosses
+  the wire) and the legacy `FLASH_ATTN_BACK`; test-backend-ops sends none of them.
+
+What ggml 0.25.3 added and refimpl's ops now compute (each case above passes ggml's budget): the type Q2_0
+(quantizer and dequantizer bit-identical to ggml 0.25.3's libggml-base, tests/quants/test_q2_0.py), bf16
+sources of the unary and GLU ops (the f32 function of the widened value, rounded once; GELU and GELU_QUICK take
+the formula there, not the f16 table), f32 weights times f16/bf16 activations (widened exactly), f16
+`OUT_PROD`, `IM2COL` into f16 from any kernel, f16 `CONV_2D_DW` kernels, empty `CONV_3D` kernel axes,
+`GET_ROWS_BACK` over a view of its rows, `SWIGLU_CLAMP`, `XIELU` from its stored op_params, `SSM_SCAN`'s K
+rollback slots, `LIGHTNING_INDEXER`, `DSV4_HC_COMB` / `DSV4_HC_PRE` / `DSV4_HC_POST`, and the optimizer steps
+`OPT_STEP_ADAMW` / `OPT_STEP_SGD` (also golden-tested against ggml 0.15.3, bit-identical).
 """
 
 

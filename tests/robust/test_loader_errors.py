@@ -209,3 +209,16 @@ def test_mul_mat_of_an_empty_operand_is_what_ggml_computes():
     assert mul_mat(np.ones((4, 32), np.float32), np.ones((0, 32), np.float32)).shape == (0, 4)
     np.testing.assert_array_equal(mul_mat(np.zeros((4, 0), np.float32), np.ones((2, 0), np.float32)),
                                   np.zeros((2, 4), np.float32))
+
+
+def test_rwkv_checkpoints_of_the_wrong_kind_are_rwkv_errors(tmp_path, bert_dir):
+    """A damaged .safetensors once leaked SafetensorError; a BERT checkpoint or a .npz of something else said
+    'not an RWKV state dict' without naming the file."""
+    from refimpl.models import rwkv
+    (tmp_path / "junk.safetensors").write_bytes(b'{"a":1}')
+    np.savez(tmp_path / "other.npz", a=np.ones(3, np.float32))
+    llama_gguf = write_tiny_llama(tmp_path / "t.gguf")
+    for p, what in ((tmp_path / "junk.safetensors", "looks like"), (tmp_path / "other.npz", "zip archive"),
+                    (bert_dir / "model.safetensors", "safetensors file"), (llama_gguf, "architecture 'llama'")):
+        with pytest.raises(refimpl.RWKVError, match=str(p).replace(".", r"\.") + ".*" + what):
+            rwkv.load(p)

@@ -43,6 +43,7 @@ import importlib
 import numpy as np
 
 from ...dispatch import forward_scope
+from ...errors import LoadError, RWKVError, not_this_format
 from ...ops import mul_mat
 from ..common import capture_fn, gpu_mode, to_host
 from ..common import layer_norm as common_layer_norm
@@ -58,10 +59,27 @@ def from_state_dict(state_dict: dict, *, tokenizer=None, path: str = "") -> Rwkv
     return _f(state_dict, tokenizer=tokenizer, path=path)
 
 
+# what the readers under load raise for a damaged file (safetensors' Rust error, pickle's, zipfile's)
+_READER_ERRORS = {"SafetensorError", "UnpicklingError", "BadZipFile", "EOFError"}
+
+
 def load(path, *, tokenizer=None) -> RwkvModel:
     """Load an RWKV model: a BlinkDL/ChatRWKV .pth (torch.load with weights_only=True; needs torch), a
     .safetensors or .npz state dict, or a llama.cpp .gguf (gguf_io.load). The version is detected from the
     tensors (checkpoint.detect_version)."""
+    try:
+        return _read(path, tokenizer)
+    except (LoadError, ImportError, OSError):
+        raise
+    except Exception as e:          # noqa: BLE001 -- torch / safetensors / NumPy readers' errors, at the boundary
+        if type(e).__name__ not in _READER_ERRORS and not isinstance(e, (ValueError, KeyError, TypeError,
+                                                                           IndexError, AttributeError)):
+            raise
+        msg = str(e) if str(path) in str(e) else f"{not_this_format(path, 'an RWKV checkpoint refimpl reads')}: {e}"
+        raise RWKVError(msg, path) from e
+
+
+def _read(path, tokenizer) -> RwkvModel:
     if str(path).endswith(".gguf"):
         from . import gguf_io
         model = gguf_io.load(path)
