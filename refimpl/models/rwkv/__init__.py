@@ -60,7 +60,8 @@ def from_state_dict(state_dict: dict, *, tokenizer=None, path: str = "") -> Rwkv
 
 
 # what the readers under load raise for a damaged file (safetensors' Rust error, pickle's, zipfile's)
-_READER_ERRORS = {"SafetensorError", "UnpicklingError", "BadZipFile", "EOFError"}
+# (NumPy's .npy header parser raises SyntaxError / tokenize.TokenError for a damaged header)
+_READER_ERRORS = {"SafetensorError", "UnpicklingError", "BadZipFile", "TokenError", "LargeZipFile"}
 
 
 def load(path, *, tokenizer=None) -> RwkvModel:
@@ -73,7 +74,8 @@ def load(path, *, tokenizer=None) -> RwkvModel:
         raise
     except Exception as e:          # noqa: BLE001 -- torch / safetensors / NumPy readers' errors, at the boundary
         if type(e).__name__ not in _READER_ERRORS and not isinstance(e, (ValueError, KeyError, TypeError,
-                                                                           IndexError, AttributeError)):
+                                                                           IndexError, AttributeError,
+                                                                           SyntaxError, EOFError)):
             raise
         msg = str(e) if str(path) in str(e) else f"{not_this_format(path, 'an RWKV checkpoint refimpl reads')}: {e}"
         raise RWKVError(msg, path) from e
@@ -140,7 +142,14 @@ def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=No
         state = state.to_device()
     cap = capture_fn(capture)
     with forward_scope(int(tokens.size), "decoder"):
-        x, state = _module(model.version).forward_seq(model, tokens, state, cap)
+        try:
+            x, state = _module(model.version).forward_seq(model, tokens, state, cap)
+        except KeyError as e:              # a tensor the version's graph reads is not in the checkpoint
+            name = e.args[0] if e.args else ""
+            if not (isinstance(name, str) and name in _expected_names(model, name)):
+                raise
+            raise RWKVError(f"{model.path or 'model'}: RWKV-{hp.variant} tensor {name!r} is missing",
+                            model.path or None) from e
         if not all_logits:
             x = x[-1:]
         x = layer_norm(x, model.w("ln_out.weight"), model.w("ln_out.bias"), hp.norm_eps)
@@ -148,6 +157,14 @@ def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=No
         logits = to_host(mul_mat(model.w("head.weight"), x))
     cap("result_output", logits)
     return (logits if all_logits else logits[0]), state
+
+
+def _expected_names(model: RwkvModel, name: str) -> set[str]:
+    """{name} when it reads as a tensor name of this model's layout (blocks.N.* or a top-level weight)."""
+    parts = name.split(".")
+    ok = (parts[0] == "blocks" and len(parts) >= 3 and parts[1].isdigit()) or name in (
+        "emb.weight", "head.weight", "ln_out.weight", "ln_out.bias")
+    return {name} if ok else set()
 
 
 def generate(model: RwkvModel, prompt, max_tokens: int = 64, sampler=None, state: RwkvState | None = None, *,

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import RWKVError
+
 
 @dataclass(frozen=True)
 class HParams:
@@ -41,4 +43,5 @@ class RwkvModel:
         try:
             return self.weights[name]
         except KeyError:
-            raise KeyError(f"{self.path or 'model'}: RWKV-{self.hparams.variant} tensor {name!r} is missing") from None
+            raise RWKVError(f"{self.path or 'model'}: RWKV-{self.hparams.variant} tensor {name!r} is missing",
+                            self.path or None) from None
