@@ -34,6 +34,7 @@ from ..ops import add, get_rows, ggml_numerics, mul, mul_mat, rms_norm, rope_ext
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
+from ..errors import LoadError
 from .common import (capture_fn, check_alloc, device_constant, gpu_mode, movement, on_device, permuted,  # noqa: F401
                      to_device, to_host)
 
@@ -209,8 +210,19 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
 
     dequantize_weights=True trades memory for speed: every matrix is dequantized once to f32 at load
     (SmolLM2-135M: about 0.6 GB) instead of TILE_ROWS rows at a time in every mul_mat. Results are
-    identical (dequantization is exact either way). progress(i, n) is called as layers are prepared."""
+    identical (dequantization is exact either way). progress(i, n) is called as layers are prepared.
+    Every refusal is a refimpl.LoadError (GGUFError for the file itself)."""
     f = path if isinstance(path, _gguf.GGUFFile) else _gguf.load(path)
+    try:
+        return _load(f, tokenizer, dequantize_weights, progress)
+    except LoadError:
+        raise
+    except ValueError as e:                       # the checks below name the file, key or tensor already
+        msg = str(e) if str(f.path) in str(e) else f"{f.path}: {e}"
+        raise LoadError(msg, f.path) from e
+
+
+def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
     path = f.path
     kv = f.metadata
     emb = f.tensors.get("token_embd.weight")

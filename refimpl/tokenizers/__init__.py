@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from os import PathLike
 
+from ..errors import LoadError, TokenizerError
 from .base import StreamDecoder
 from .llama import BYTE_TO_CHAR, CHAR_TO_BYTE, PRE_TOKENIZERS, Tokenizer, TokenType  # noqa: F401
 
@@ -18,15 +19,27 @@ __all__ = ["Tokenizer", "StreamDecoder", "from_gguf", "PRE_TOKENIZERS", "TokenTy
 
 
 def from_gguf(src) -> Tokenizer:
-    """The tokenizer of a GGUF file: a path or a `refimpl.gguf.GGUFFile` (or its metadata dict)."""
+    """The tokenizer of a GGUF file: a path or a `refimpl.gguf.GGUFFile` (or its metadata dict). What cannot
+    be built from its metadata raises TokenizerError naming the file."""
     if isinstance(src, (str, bytes, PathLike)):
         from .. import gguf
         src = gguf.load(src)
+    where = getattr(src, "path", "GGUF")
+    try:
+        return _from_gguf(src, where)
+    except LoadError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        msg = str(e) if str(where) in str(e) else f"{where}: {e}"
+        raise TokenizerError(msg, None if where == "GGUF" else where) from e
+
+
+def _from_gguf(src, where) -> Tokenizer:
     from ..gguf import check_tokenizer_metadata
     kv = src if isinstance(src, dict) else src.metadata
     if "tokenizer.ggml.tokens" not in kv:
-        raise ValueError("GGUF has no tokenizer.ggml.tokens: no vocabulary to build a tokenizer from")
-    check_tokenizer_metadata(kv, getattr(src, "path", "GGUF"))     # types and lengths, before anything is built
+        raise TokenizerError(f"{where}: no tokenizer.ggml.tokens: no vocabulary to build a tokenizer from")
+    check_tokenizer_metadata(kv, where)                      # types and lengths, before anything is built
     model = kv.get("tokenizer.ggml.model", "llama")
     if model == "bert":                                      # WordPiece (BERT family)
         from .wordpiece import WordPieceTokenizer
