@@ -42,3 +42,23 @@ def test_tensors_include_non_contiguous_views():
 @given(block_rows("q4_K"))
 def test_block_rows_are_float32_rows_of_whole_blocks(x):
     assert x.dtype == np.float32 and x.ndim == 2 and x.shape[1] % 256 == 0
+
+
+def test_a_failure_shrinks_to_few_simple_values():
+    """Tensors of up to 16 elements draw their values through hypothesis (hypothesis.extra.numpy.arrays), so a
+    failure among them reduces to a one-element tensor of a simple value, not a small shape of random floats."""
+    from hypothesis import find
+    quick = settings(max_examples=2000, derandomize=True, database=None)
+    small = dict(views=False, max_ne0=4, max_ne=2, max_dims=2)
+    x = find(tensors(**small), lambda x: np.asarray(x).max() > 1.0, settings=quick)
+    assert x.shape == (1,) and float(x[0]) == 2.0
+    y = find(tensors(min_value=-1, max_value=1, **small), lambda x: np.asarray(x).size > 3 and
+             np.abs(x).sum() > 1.5, settings=quick)
+    assert y.size == 4 and set(np.abs(y).ravel().tolist()) <= {0.0, 0.5, 1.0}
+
+
+@given(tensors(types=["f32"], min_dims=2, max_dims=3, min_value=-2, max_value=2,
+               elements=st.sampled_from([-2.0, 0.0, 2.0])))
+@settings(max_examples=100)
+def test_hnp_style_arguments(x):
+    assert 2 <= x.ndim <= 3 and np.all(np.abs(x) <= 2)

@@ -111,28 +111,42 @@ def f32_tensor(ne, lo=-10.0, hi=10.0):
 
 
 _VIEWS = ("contiguous", "row_step", "permuted", "offset")
+# where a tensor's values come from: element-wise hypothesis draws first (what failures shrink to), then the
+# seeded block kinds three times as often
+_VALUE_SOURCES = ("elements", "kinds", "kinds", "kinds")
+SMALL = 16          # tensors of at most this many elements always draw element-wise
 
 
 @st.composite
-def tensors(draw, types=("f32",), *, max_dims: int = 4, max_ne0: int = 64, max_ne: int = 4,
-            max_blocks: int = 3, views: bool = True, lo: float = -10.0, hi: float = 10.0):
+def tensors(draw, types=("f32",), *, min_dims: int = 1, max_dims: int = 4, max_ne0: int = 64, max_ne: int = 4,
+            max_blocks: int = 3, views: bool = True, min_value: float | None = None,
+            max_value: float | None = None, elements=None, lo: float = -10.0, hi: float = 10.0):
     """A ggml tensor as refimpl holds it: an ndarray (F32, F16, F64, I8/I16/I32) or a QTensor (BF16 and
     block types), with `ne` drawn fastest-first and NumPy shape = reversed(ne).
 
     types       GGMLType values or names to choose from
+    min_dims, max_dims   how many dims (1..4), as hypothesis.extra.numpy.array_shapes
     max_ne0     largest ne0 for element types; block types draw 1..max_blocks blocks per row
     views       also draw non-contiguous views as ggml makes them: every other row/matrix (`row_step`,
                 ggml's view with a larger nb1..nb3), permuted axes (`ggml_permute`/`transpose`), and a
                 view at a byte offset into a larger buffer. QTensor views keep whole rows.
-    Values follow the `make_block` kinds (zeros, outliers, ties, huge and tiny values) scaled into [lo, hi]
-    for element types.
+    min_value, max_value  the range of float values (hnp style; `lo`, `hi` are the older names)
+    elements    a strategy of element values, as hypothesis.extra.numpy.arrays takes (default: floats in
+                [min_value, max_value])
+
+    Tensors of up to 16 elements, and a quarter of the larger ones, take their values element by element
+    from `elements` (hypothesis.extra.numpy.arrays); the rest come from the `make_block` kinds (zeros,
+    outliers, ties, huge and tiny values) scaled into the range. A failure first shrinks to a small shape,
+    whose values are then drawn element-wise and shrink too: to few, simple values (0.0, 1.0, 2.0, ...).
     """
+    lo = lo if min_value is None else min_value
+    hi = hi if max_value is None else max_value
     from ..qtensor import QTensor
     from ..quants import QUANTIZERS
     from ..types import NUMPY_DTYPES
     t = as_type(draw(st.sampled_from(list(types))))
     tr = traits(t)
-    nd = draw(st.integers(1, max_dims))
+    nd = draw(st.integers(max(1, min_dims), max(1, min(max_dims, 4))))
     if tr.blck_size > 1:
         ne0 = tr.blck_size * draw(st.integers(1, max_blocks))
     else:
@@ -155,7 +169,12 @@ def tensors(draw, types=("f32",), *, max_dims: int = 4, max_ne0: int = 64, max_n
     if view == "offset":
         big[0] += 1
     n = int(np.prod(big))
-    vals = make_block(kind, n, rng, draw(st.integers(-3, 1))).reshape(big)
+    if n <= SMALL or draw(st.sampled_from(_VALUE_SOURCES)) == "elements":
+        el = elements if elements is not None else st.floats(float(np.float32(lo)), float(np.float32(hi)),
+                                                             width=32)
+        vals = draw(hnp.arrays(np.float32, tuple(big), elements=el)).astype(np.float64)
+    else:
+        vals = make_block(kind, n, rng, draw(st.integers(-3, 1))).reshape(big)
     if t in NUMPY_DTYPES:
         dt = NUMPY_DTYPES[t]
         if dt.kind in "iu":

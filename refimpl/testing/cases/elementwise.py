@@ -12,9 +12,13 @@ from hypothesis import strategies as st
 
 from ...ops.elementwise import QUANT_ADD_TYPES
 from ...qtensor import QTensor, quantize
-from ...types import as_type, type_traits
+from ...types import as_type
+from ._draw import oracle_types, type_traits
+
 from . import OpCase, cases, named, ne_str
 from ._draw import maybe_view, ne, shape, values
+
+QUANT_ADD_TYPES = oracle_types(QUANT_ADD_TYPES)
 
 
 def _g():

@@ -7,9 +7,14 @@ from hypothesis import strategies as st
 from ...ops.matmul import OUT_PROD_QTYPES, VEC_DOT_TYPE
 from ...qtensor import QTensor, quantize
 from ...quants import QUANTIZERS
-from ...types import GGMLType, type_traits
+from ...types import GGMLType
+from ._draw import NEW_IN_0_25, oracle_types, type_traits
+
 from . import OpCase, cases, named, ne_str
 from ._draw import maybe_view, values
+
+VEC_DOT_TYPE = {k: v for k, v in VEC_DOT_TYPE.items() if k not in NEW_IN_0_25}
+OUT_PROD_QTYPES = oracle_types(OUT_PROD_QTYPES)
 
 
 def _g():

@@ -14,10 +14,13 @@ from hypothesis import strategies as st
 from ...qtensor import QTensor, quantize
 from ...ops.movement import CPU_FROM_FLOAT
 from ...quants import QUANTIZERS
-from ...types import NUMPY_DTYPES, GGMLType, type_traits
+from ...types import NUMPY_DTYPES, GGMLType
+from ._draw import oracle_types, type_traits
 from ..strategies import BLOCK_KINDS, make_block, tensors
 from . import OpCase, cases, named, ne_str
 from ._draw import maybe_view, ne, shape, values
+
+CPU_FROM_FLOAT = oracle_types(CPU_FROM_FLOAT)
 
 
 def _g():
