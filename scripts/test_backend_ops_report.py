@@ -126,6 +126,8 @@ def render(run: Path, modes: list[str]) -> tuple[str, int]:
             if f"seconds_{m}" in meta:
                 lines.append(f"- {m} numerics: {meta[f'seconds_{m}']:.0f} s for the run"
                              + (f" (op filter `{meta['ops']}`)" if meta.get("ops") else " (every op)"))
+        if meta.get("note"):
+            lines.append(f"- {meta['note']}")
         lines.append("")
     lines += ["Columns: cases passed, failed (over ggml's budget), not computed (refimpl returned NaN: the node is",
               "not in refimpl's op table, see the reason), and cases ggml-cpu itself does not support (skipped by",
@@ -158,6 +160,8 @@ def render(run: Path, modes: list[str]) -> tuple[str, int]:
               "op_params and the shapes in both orders):", ""]
     for op, why in sorted(reasons.items()):
         lines.append(f"- `{op}`: {why}")
+    if not reasons:
+        lines.append("- none: the server computed every node these runs sent.")
     lines += ["", SHORTFALLS.strip()]
     failed = [(m, c) for m in per_mode for c in loaded[m] if classify(c) == "failed"]
     if failed:
