@@ -52,3 +52,17 @@ def nonempty(op: str, **operands) -> None:
     """Reject zero-size operands (an axis of extent 0) where the op has no defined result for them."""
     if any(np.shape(v) and 0 in np.shape(v) for v in operands.values()):
         fail(op, "empty tensors (an axis of extent 0) are not supported", **operands)
+
+
+def same_f32_rows(name: str, same: str | None = None, **arrays) -> None:
+    """Fail (naming op `name`) unless every array is f32 with contiguous rows (ggml asserts nb0 == 4) and all
+    have the first one's ggml shape; `same` is the sentence for a shape mismatch."""
+    first = None
+    for k, x in arrays.items():
+        if x.dtype != np.float32:
+            fail(name, f"{k} must be f32, got {x.dtype}", **arrays)
+        if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
+            fail(name, f"rows of {k} must be contiguous (ggml asserts nb0 == 4)", **arrays)
+        if first is not None and ne4(x.shape) != ne4(arrays[first].shape):
+            fail(name, same or f"{k} must have {first}'s shape", **arrays)
+        first = first or k

@@ -4,19 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import op
-from ..shapes import fail, ne4
+from ..shapes import fail, same_f32_rows
 
 
 def _check(name, **arrays):
-    shape = None
-    for k, x in arrays.items():
-        if x.dtype != np.float32:
-            fail(name, f"{k} must be f32, got {x.dtype}", **arrays)
-        if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
-            fail(name, f"rows of {k} must be contiguous (ggml asserts nb0 == 4)", **arrays)
-        if shape is not None and ne4(x.shape) != ne4(shape):
-            fail(name, "logits and labels must have the same shape", **arrays)
-        shape = x.shape
+    same_f32_rows(name, "logits and labels must have the same shape", **arrays)
 
 
 def _exp_rows(x: np.ndarray):

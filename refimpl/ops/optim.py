@@ -9,21 +9,13 @@ import numpy as np
 
 from ..dispatch import op
 from ..rounding import fma32
-from ..shapes import fail, ne4
+from ..shapes import fail, same_f32_rows
 
 f32 = np.float32
 
 
 def _check(name: str, params: np.ndarray, n_params: int, **arrays) -> None:
-    first = None
-    for k, x in arrays.items():
-        if x.dtype != np.float32:
-            fail(name, f"{k} must be f32, got {x.dtype}", **arrays)
-        if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
-            fail(name, f"rows of {k} must be contiguous (ggml asserts nb0 == 4)", **arrays)
-        if first is not None and ne4(x.shape) != ne4(first.shape):
-            fail(name, f"{k} must have a's shape", **arrays)
-        first = x if first is None else first
+    same_f32_rows(name, **arrays)
     if params.dtype != np.float32 or params.size != n_params:
         fail(name, f"the params tensor must hold {n_params} f32 values, got {params.size} {params.dtype}",
              params=params)
