@@ -103,3 +103,65 @@ def test_q2_0_roundtrip_error_is_within_half_a_step():
     deq = refimpl.dequantize(refimpl.quantize(x, T.Q2_0))
     d = np.repeat(np.abs(x).reshape(16, 4, 64).max(-1), 64, axis=1)
     assert np.all(np.abs(deq - x) <= d * (0.5 + 2 ** -10) + 1e-30)
+
+
+_MUL_MAT_CHILD = textwrap.dedent("""
+    import ctypes, os, sys
+    import importlib.util
+    import numpy as np
+    lib = os.path.join(os.path.dirname(importlib.util.find_spec("llama_cpp").origin), "lib")
+    base = ctypes.CDLL(os.path.join(lib, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+
+    class InitParams(ctypes.Structure):      # struct ggml_init_params, ggml.h (ggml 0.25.3)
+        _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+    P = ctypes.c_void_p
+    base.ggml_init.restype, base.ggml_init.argtypes = P, [InitParams]
+    base.ggml_new_tensor_2d.restype = P
+    base.ggml_new_tensor_2d.argtypes = [P, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    base.ggml_mul_mat.restype, base.ggml_mul_mat.argtypes = P, [P, P, P]
+    base.ggml_new_graph.restype, base.ggml_new_graph.argtypes = P, [P]
+    base.ggml_build_forward_expand.argtypes = [P, P]
+    base.ggml_get_data.restype, base.ggml_get_data.argtypes = P, [P]
+    base.ggml_free.argtypes = [P]
+    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+    cpu.ggml_graph_compute_with_ctx.argtypes = [P, P, ctypes.c_int]
+    if hasattr(cpu, "ggml_cpu_init"):
+        cpu.ggml_cpu_init()
+
+    d = np.load(sys.argv[1])
+    raw, b = np.ascontiguousarray(d["raw"]), np.ascontiguousarray(d["b"], np.float32)
+    n, k, m = raw.shape[0], b.shape[1], b.shape[0]
+    ctx = base.ggml_init(InitParams(64 << 20, None, False))
+    ta = base.ggml_new_tensor_2d(ctx, 42, k, n)                  # GGML_TYPE_Q2_0
+    tb = base.ggml_new_tensor_2d(ctx, 0, k, m)                   # GGML_TYPE_F32
+    ctypes.memmove(base.ggml_get_data(ta), raw.ctypes.data, raw.nbytes)
+    ctypes.memmove(base.ggml_get_data(tb), b.ctypes.data, b.nbytes)
+    out = base.ggml_mul_mat(ctx, ta, tb)
+    gf = base.ggml_new_graph(ctx)
+    base.ggml_build_forward_expand(gf, out)
+    assert cpu.ggml_graph_compute_with_ctx(ctx, gf, 1) == 0
+    res = np.empty((m, n), np.float32)
+    ctypes.memmove(res.ctypes.data, base.ggml_get_data(out), res.nbytes)
+    base.ggml_free(ctx)
+    np.save(sys.argv[2], res)
+""")
+
+
+def test_q2_0_mul_mat_in_ggml_numerics_is_ggml_0_25_3s_bits(tmp_path):
+    """numerics="ggml" emulates ggml_vec_dot_q2_0_q8_0 (the activations quantized to Q8_0 by the CPU backend):
+    the same bits as ggml 0.25.3's CPU backend computing ggml_mul_mat, one thread, decode and batch shapes."""
+    require_llama_cpp()
+    rng = np.random.default_rng(5)
+    for n, m, k in ((16, 1, 256), (8, 7, 512)):
+        a = refimpl.quantize(rng.uniform(-1, 1, (n, k)).astype(np.float32), T.Q2_0)
+        b = rng.standard_normal((m, k)).astype(np.float32)
+        np.savez(tmp_path / "in.npz", raw=a.data, b=b)
+        p = subprocess.run([sys.executable, "-c", _MUL_MAT_CHILD, str(tmp_path / "in.npz"), str(tmp_path / "o.npy")],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        theirs = np.load(tmp_path / "o.npy")
+        with refimpl.backend("numpy"):
+            ours = refimpl.ops.mul_mat(a, b, numerics="ggml")
+        assert_bits_equal(ours, theirs, f"mul_mat q2_0 {n}x{k} by {m} rows, numerics ggml")
