@@ -69,7 +69,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..errors import LoadError
+from ..errors import LoadError, looks_like
 from .llama import ROPE_NORMAL, HParams, Layer, LlamaModel
 
 MAGIC = 0x616B3432            # "ak42" read as a little-endian uint32
@@ -202,7 +202,9 @@ def read_checkpoint(path) -> Checkpoint:
         vals = dict(zip(CONFIG_FIELDS, struct.unpack_from("<7i", head, 0)))
         shared = vals["vocab_size"] > 0
         vals["vocab_size"] = abs(vals["vocab_size"])
-        _validate(path, vals, f"no 'ak42' magic (read as a legacy version 0 header: first bytes {head[:8].hex()}): ")
+        kind = looks_like(path)            # another format's file read as a legacy header: say which it is
+        _validate(path, vals, f"no 'ak42' magic (read as a legacy version 0 header: first bytes {head[:8].hex()}"
+                              + (f"; the file looks like {kind}" if kind else "") + "): ")
         offset = 28
     cfg = Config(**vals)
     layout = _layout(cfg, version, shared)
@@ -461,8 +463,9 @@ def load_tokenizer(path, n_vocab: int | None = None) -> Llama2cTokenizer:
         raise _bad(path, f"file size {len(data)} bytes is too small for tokenizer.bin's max_token_length")
     max_len = struct.unpack_from("<I", data, 0)[0]
     if max_len <= 0 or max_len > 1 << 20:
-        raise _bad(path, f"max_token_length = {max_len} is not a plausible token length (1 .. 2**20)",
-                   "max_token_length")
+        kind = looks_like(path)
+        raise _bad(path, f"max_token_length = {max_len} is not a plausible token length (1 .. 2**20)"
+                   + (f"; not a tokenizer.bin, it looks like {kind}" if kind else ""), "max_token_length")
     pieces, scores, off = [], [], 4
     while off < len(data):
         i = len(pieces)

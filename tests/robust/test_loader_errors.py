@@ -222,3 +222,13 @@ def test_rwkv_checkpoints_of_the_wrong_kind_are_rwkv_errors(tmp_path, bert_dir):
                     (bert_dir / "model.safetensors", "safetensors file"), (llama_gguf, "architecture 'llama'")):
         with pytest.raises(refimpl.RWKVError, match=str(p).replace(".", r"\.") + ".*" + what):
             rwkv.load(p)
+
+
+def test_a_llama2c_loader_handed_another_format_says_what_it_looks_like(bert_dir, tmp_path):
+    from refimpl.models import llama2c
+    (tmp_path / "notes.txt").write_text("root:x:0:0:root:/root:/bin/bash\n" * 4)
+    for p, kind in ((bert_dir / "model.safetensors", "a safetensors file"), (tmp_path / "notes.txt", "a text file")):
+        with pytest.raises(Llama2cError, match=f"looks like {kind}"):
+            llama2c.read_checkpoint(p)
+    with pytest.raises(Llama2cError, match="not a tokenizer.bin, it looks like a text file"):
+        llama2c.load_tokenizer(tmp_path / "notes.txt", 32)
