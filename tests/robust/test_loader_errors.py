@@ -232,3 +232,12 @@ def test_a_llama2c_loader_handed_another_format_says_what_it_looks_like(bert_dir
             llama2c.read_checkpoint(p)
     with pytest.raises(Llama2cError, match="not a tokenizer.bin, it looks like a text file"):
         llama2c.load_tokenizer(tmp_path / "notes.txt", 32)
+
+
+def test_an_rwkv_cpp_file_is_named_for_what_it_is(tmp_path):
+    """rwkv.cpp's model.bin once got "reading a .pth needs torch"."""
+    from refimpl.models import rwkv
+    p = tmp_path / "model.bin"
+    p.write_bytes((0x67676D66).to_bytes(4, "little") + bytes(100))
+    with pytest.raises(refimpl.RWKVError, match="looks like an rwkv.cpp model file.*not rwkv.cpp's format"):
+        rwkv.load(p)

@@ -31,6 +31,7 @@ import re
 
 import numpy as np
 
+from ...errors import RWKVError, looks_like
 from .model import HParams, RwkvModel
 
 VARIANTS = ("4", "5.0", "5.1", "5.2", "6.0", "7.0")
@@ -104,6 +105,12 @@ def _read_safetensors(path: pathlib.Path) -> dict:
 def read_state_dict(path) -> dict[str, np.ndarray]:
     """name -> float32 ndarray from a .pth, .safetensors or .npz file (BlinkDL names; see the module doc)."""
     path = pathlib.Path(path)
+    kind = looks_like(path) if path.suffix in (".pth", ".pt", ".bin") else None
+    if kind is not None and not kind.startswith(("a zip archive", "a Python pickle")):
+        # not a torch file: say what it is instead of asking for torch (rwkv.cpp's .bin has magic 'ggmf')
+        raise RWKVError(f"{path}: not a PyTorch checkpoint: it looks like {kind}"
+                        + ("; refimpl reads RWKV .pth, .safetensors, .npz and GGUF files, not rwkv.cpp's format"
+                           if "rwkv.cpp" in kind else ""), path)
     if path.suffix in (".pth", ".pt", ".bin"):
         sd = _read_pth(path)
     elif path.suffix == ".safetensors":
