@@ -69,7 +69,7 @@ import numpy as np
 
 from .. import gguf as _gguf
 from ..dispatch import forward_scope
-from ..errors import BertError, LoadError
+from ..errors import BertError, LoadError, TokenizerError
 from ..ops import add, gelu, gelu_erf, get_rows, mul_mat, soft_max_ext
 from ..ops.fused import add_norm_affine, attn_mha, attn_qkv, mul_mat_add, mul_mat_add_gelu, stack_qkv
 from .common import (capture_fn, device_constant, gpu_mode, layer_norm, no_capture, on_device, permuted, to_device,
@@ -388,6 +388,10 @@ def _read_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
     if tokenizer:
         from ..tokenizers.wordpiece import WordPieceTokenizer
         tok = WordPieceTokenizer.from_hf_dir(src)
+        missing = [t for t, i in (("[CLS]", tok.cls_id), ("[SEP]", tok.sep_id)) if i is None]
+        if missing:                        # embed wraps every text in them: refuse at load, not at the first text
+            raise TokenizerError(f"{tok.source}: no {' or '.join(missing)} token; a BERT encoder's input needs "
+                                 f"both", tok.source)
     if max_len is None:
         max_len = getattr(tok, "max_length", None) or hp.n_ctx_train
     max_len = min(max_len, hp.n_ctx_train)
