@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["LoadError", "BertError", "TokenizerError", "RWKVError", "looks_like", "not_this_format"]
+__all__ = ["LoadError", "BertError", "TokenizerError", "RWKVError", "looks_like", "not_this_format", "read_json"]
+
+MAX_JSON_BYTES = 1 << 30          # tokenizer.json of the largest vocabularies is ~20 MB
 
 
 class LoadError(ValueError):
@@ -80,3 +82,24 @@ def not_this_format(path, expected: str) -> str:
     """"PATH: not EXPECTED (it looks like X)" -- the sentence loaders use for a file of another format."""
     kind = looks_like(path)
     return f"{path}: not {expected}" + (f" (it looks like {kind})" if kind else "")
+
+
+def read_json(path, error: type = LoadError, *, required: bool = False, expect: type | None = None):
+    """The parsed JSON file `path` (None if absent and not required). `error` (a LoadError subclass) for a
+    missing required file, one over MAX_JSON_BYTES, one that is not UTF-8 JSON (saying what it looks like), or
+    a top level that is not `expect` (dict: an object, list: an array)."""
+    path = Path(path)
+    if not path.is_file():
+        if required:
+            raise error(f"{path}: missing", path)
+        return None
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise error(f"{path}: {path.stat().st_size} bytes; a JSON file here is at most {MAX_JSON_BYTES}", path)
+    try:
+        v = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise error(not_this_format(path, "valid UTF-8 JSON") + f" ({e})", path) from e
+    if expect is not None and not isinstance(v, expect):
+        want = {dict: "an object", list: "an array"}.get(expect, expect.__name__)
+        raise error(f"{path}: the top level is a JSON {type(v).__name__}; expected {want}", path)
+    return v

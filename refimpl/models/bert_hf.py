@@ -12,8 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import BertError, not_this_format
-
-MAX_JSON_BYTES = 1 << 30          # tokenizer.json of the largest vocabularies is ~20 MB
+from ..errors import read_json as _read_json
 
 _TOP = {"embeddings.word_embeddings": "token_embd", "embeddings.token_type_embeddings": "token_types",
         "embeddings.position_embeddings": "position_embd", "embeddings.LayerNorm": "token_embd_norm"}
@@ -26,22 +25,8 @@ _DROP = re.compile(r"(embeddings\.position_ids|pooler\..*|cls\.predictions\..*|c
 # -- reading a Hugging Face directory ------------------------------------------------------------------
 
 def read_json(path: Path, required: bool = False, expect: type | None = None):
-    """The parsed JSON file (None if absent and not required); BertError if it is not JSON or its top level is
-    not `expect` (dict: an object, list: an array)."""
-    if not path.is_file():
-        if required:
-            raise BertError(f"{path}: missing", path)
-        return None
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise BertError(f"{path}: {path.stat().st_size} bytes; a JSON file here is at most {MAX_JSON_BYTES}", path)
-    try:
-        v = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise BertError(not_this_format(path, "valid UTF-8 JSON") + f" ({e})", path) from e
-    if expect is not None and not isinstance(v, expect):
-        want = {dict: "an object", list: "an array"}.get(expect, expect.__name__)
-        raise BertError(f"{path}: the top level is a JSON {type(v).__name__}; expected {want}", path)
-    return v
+    """The parsed JSON file (None if absent and not required); BertError naming it otherwise (errors.read_json)."""
+    return _read_json(path, BertError, required=required, expect=expect)
 
 
 def read_config(src: Path) -> dict:

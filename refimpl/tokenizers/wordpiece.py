@@ -74,7 +74,6 @@ special tokens. `token_to_piece` is llama.cpp's piece: b" word", b"ing" for "##i
 """
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 import warnings
@@ -83,7 +82,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..errors import LoadError, TokenizerError, not_this_format
+from ..errors import LoadError, TokenizerError, read_json
 from .base import token_index
 
 __all__ = ["WordPieceTokenizer", "from_hf_dir"]
@@ -699,17 +698,8 @@ _CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), ("
 
 
 def _read_json(p: Path):
-    """A JSON object file (None if absent); TokenizerError if it is not JSON or not an object at the top."""
-    if not p.is_file():
-        return None
-    try:
-        with open(p, encoding="utf-8") as f:
-            v = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise TokenizerError(not_this_format(p, "valid UTF-8 JSON") + f" ({e})", p) from e
-    if not isinstance(v, dict):
-        raise TokenizerError(f"{p}: the top level is a JSON {type(v).__name__}; expected an object", p)
-    return v
+    """A JSON object file (None if absent); TokenizerError naming it otherwise (errors.read_json)."""
+    return read_json(p, TokenizerError, expect=dict)
 
 
 def _guarded(where, fn, *args, **kwargs):
