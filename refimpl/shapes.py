@@ -66,3 +66,11 @@ def same_f32_rows(name: str, same: str | None = None, **arrays) -> None:
         if first is not None and ne4(x.shape) != ne4(arrays[first].shape):
             fail(name, same or f"{k} must have {first}'s shape", **arrays)
         first = first or k
+
+
+def need_f32(name: str, **operands) -> None:
+    """Fail (naming op `name`) unless every operand given (None: absent, skipped) is f32."""
+    given = {k: x for k, x in operands.items() if x is not None}
+    for k, x in given.items():
+        if np.asarray(x).dtype != np.float32:
+            fail(name, f"{k} must be f32, got {np.asarray(x).dtype}", **given)

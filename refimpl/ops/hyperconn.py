@@ -10,21 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import op
-from ..shapes import fail, ne4
+from ..shapes import fail, ne4, need_f32
+from .recurrent import expf_f32
 
 f32 = np.float32
 HC = 4                                           # ggml_dsv4_hc_comb asserts hc == 4
-
-
-def _f32s(name, **arrays):
-    for k, x in arrays.items():
-        if x is not None and np.asarray(x).dtype != np.float32:
-            fail(name, f"{k} must be f32, got {np.asarray(x).dtype}", **{a: v for a, v in arrays.items()
-                                                                        if v is not None})
-
-
-def _expf(x):
-    return np.exp(x.astype(np.float64)).astype(f32)
 
 
 @op("dsv4_hc_comb", covers="DSV4_HC_COMB")
@@ -44,7 +34,7 @@ def dsv4_hc_comb(mixes: np.ndarray, scale: np.ndarray, base: np.ndarray, eps: fl
     division is a multiplication by the f32 reciprocal, as in ggml-cpu.
     """
     mixes, scale, base = np.asarray(mixes), np.asarray(scale), np.asarray(base)
-    _f32s("dsv4_hc_comb", mixes=mixes, scale=scale, base=base)
+    need_f32("dsv4_hc_comb", mixes=mixes, scale=scale, base=base)
     nm, ns, nb = ne4(mixes.shape), ne4(scale.shape), ne4(base.shape)
     ops_ = dict(mixes=mixes, scale=scale, base=base)
     if nm[0] != (2 + HC) * HC or nm[2:] != [1, 1] or ns[0] < 3 or ns[1:] != [1, 1, 1] or nb != [nm[0], 1, 1, 1]:
@@ -57,7 +47,7 @@ def dsv4_hc_comb(mixes: np.ndarray, scale: np.ndarray, base: np.ndarray, eps: fl
     b = base.reshape(-1)[2 * HC:].reshape(HC, HC)
     with np.errstate(all="ignore"):
         v = m * s2 + b
-        ex = _expf(v - v.max(axis=2, keepdims=True))
+        ex = expf_f32(v - v.max(axis=2, keepdims=True))
         total = ex[:, :, 0].copy()
         for d in range(1, HC):
             total += ex[:, :, d]
@@ -112,7 +102,7 @@ def dsv4_hc_pre_gated(x: np.ndarray, gate: np.ndarray, scale: float) -> np.ndarr
 
 def _hc_pre(name, x, w, scale, gated):
     x, w = np.asarray(x), np.asarray(w)
-    _f32s(name, x=x, weights=w)
+    need_f32(name, x=x, weights=w)
     nx, nw = ne4(x.shape), ne4(w.shape)
     n_embd, hc, n_tok = nx[:3]
     want = [n_embd, hc, n_tok, 1] if gated else [hc, n_tok, 1, 1]
@@ -121,7 +111,7 @@ def _hc_pre(name, x, w, scale, gated):
              x=x, weights=w)
     x3 = x.reshape(n_tok, hc, n_embd)
     with np.errstate(all="ignore"):
-        wv = (f32(1) / (f32(1) + _expf(-w.reshape(n_tok, hc, n_embd))) if gated
+        wv = (f32(1) / (f32(1) + expf_f32(-w.reshape(n_tok, hc, n_embd))) if gated
               else np.broadcast_to(w.reshape(n_tok, hc, 1), (n_tok, hc, n_embd)))
         total = np.zeros((n_tok, n_embd), f32)
         for h in range(hc):
@@ -144,7 +134,7 @@ def dsv4_hc_post(x: np.ndarray, residual: np.ndarray, post: np.ndarray, comb: np
     """
     x, r, p = np.asarray(x), np.asarray(residual), np.asarray(post)
     c = None if comb is None else np.asarray(comb)
-    _f32s("dsv4_hc_post", x=x, residual=r, post=p, comb=c)
+    need_f32("dsv4_hc_post", x=x, residual=r, post=p, comb=c)
     nx, nr, npost = ne4(x.shape), ne4(r.shape), ne4(p.shape)
     n_embd, n_tok, hc = nx[0], nx[1], nr[1]
     ops_ = {k: v for k, v in dict(x=x, residual=r, post=p, comb=c).items() if v is not None}

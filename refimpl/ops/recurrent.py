@@ -23,13 +23,8 @@ import numpy as np
 
 from ..dispatch import op
 from ..rounding import fma32
-from ..shapes import fail, ne4
+from ..shapes import fail, ne4, need_f32
 
-
-def _need_f32(name: str, **operands) -> None:
-    for k, x in operands.items():
-        if np.asarray(x).dtype != np.float32:
-            fail(name, f"{k} must be f32, got {np.asarray(x).dtype}", **operands)
 
 
 @op("ssm_conv")
@@ -49,7 +44,7 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray) -> np.ndarray:
     ggml asserts rows of sx and c contiguous and reads c as if fully contiguous; any NumPy layout is fine here.
     """
     sx, c = np.asarray(sx), np.asarray(c)
-    _need_f32("ssm_conv", sx=sx, c=c)
+    need_f32("ssm_conv", sx=sx, c=c)
     ns, nc = ne4(sx.shape), ne4(c.shape)
     if ns[3] != 1:
         fail("ssm_conv", "sx must be 3-D (ne3 == 1)", sx=sx, c=c)
@@ -114,7 +109,7 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
     """
     s, x, dt, A, B, C, ids = (np.asarray(v) for v in (s, x, dt, A, B, C, ids))
     ops = dict(s=s, x=x, dt=dt, A=A, B=B, C=C, ids=ids)
-    _need_f32("ssm_scan", s=s, x=x, dt=dt, A=A, B=B, C=C)
+    need_f32("ssm_scan", s=s, x=x, dt=dt, A=A, B=B, C=C)
     if ids.dtype != np.int32:
         fail("ssm_scan", f"ids must be i32, got {ids.dtype}", **ops)
     nS, nX, nD, nA, nB, nI = (ne4(v.shape) for v in (s, x, dt, A, B, ids))
@@ -172,7 +167,7 @@ def _tokens(name: str, ref: str, state: np.ndarray, **tensors) -> tuple[int, int
     """(S, H, T, n_seqs) of an RWKV-style op, with ggml's checks: every token tensor ne [S, H, T] like
     `ref`, the state S*S*H*n_seqs values with n_seqs = state.ne1, and T a multiple of n_seqs."""
     ops = dict(tensors, state=state)
-    _need_f32(name, **ops)
+    need_f32(name, **ops)
     S, H, T, n3 = ne4(tensors[ref].shape)
     for k, x in tensors.items():
         if ne4(x.shape)[:3] != [S, H, T] or ne4(x.shape)[3] != 1:
@@ -357,7 +352,7 @@ def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, 
     """
     q, k, v, g, beta, state = (np.asarray(x) for x in (q, k, v, g, beta, state))
     ops = dict(q=q, k=k, v=v, g=g, beta=beta, state=state)
-    _need_f32("gated_delta_net", **ops)
+    need_f32("gated_delta_net", **ops)
     S, H, n_tok, n_seqs = ne4(v.shape)
     ng, nb, ns = ne4(g.shape), ne4(beta.shape), ne4(state.shape)
     if ng[0] not in (1, S) or ng[1:] != [H, n_tok, n_seqs]:

@@ -146,7 +146,7 @@ def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=No
             x, state = _module(model.version).forward_seq(model, tokens, state, cap)
         except KeyError as e:              # a tensor the version's graph reads is not in the checkpoint
             name = e.args[0] if e.args else ""
-            if not (isinstance(name, str) and name in _expected_names(model, name)):
+            if not _is_tensor_name(name):
                 raise
             raise RWKVError(f"{model.path or 'model'}: RWKV-{hp.variant} tensor {name!r} is missing",
                             model.path or None) from e
@@ -159,12 +159,13 @@ def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=No
     return (logits if all_logits else logits[0]), state
 
 
-def _expected_names(model: RwkvModel, name: str) -> set[str]:
-    """{name} when it reads as a tensor name of this model's layout (blocks.N.* or a top-level weight)."""
+def _is_tensor_name(name) -> bool:
+    """Whether a KeyError's key reads as an RWKV tensor name (blocks.N.* or a top-level weight)."""
+    if not isinstance(name, str):
+        return False
     parts = name.split(".")
-    ok = (parts[0] == "blocks" and len(parts) >= 3 and parts[1].isdigit()) or name in (
+    return (parts[0] == "blocks" and len(parts) >= 3 and parts[1].isdigit()) or name in (
         "emb.weight", "head.weight", "ln_out.weight", "ln_out.bias")
-    return {name} if ok else set()
 
 
 def generate(model: RwkvModel, prompt, max_tokens: int = 64, sampler=None, state: RwkvState | None = None, *,
