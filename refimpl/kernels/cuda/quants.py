@@ -252,7 +252,7 @@ def _dq_mxfp4(src, i, s, out, p, T2, T1, T1b, KS):
         out[p + j + 16] = _mul(T1[b >> 4], d)
 
 
-# -- Q1_0 (128 elements) and NVFP4 (64) -------------------------------------------------------------------
+# -- Q1_0 (128 elements), Q2_0 and NVFP4 (64) -------------------------------------------------------------
 
 @cuda.jit(device=True)
 def _dq_q1_0(src, i, s, out, p, T2, T1, T1b, KS):
@@ -261,6 +261,15 @@ def _dq_q1_0(src, i, s, out, p, T2, T1, T1b, KS):
     for j in range(32):
         e = 32 * s + j
         out[p + j] = d if (_b(src, i, 2 + (e >> 3)) >> (e & 7)) & 1 else nd
+
+
+@cuda.jit(device=True)
+def _dq_q2_0(src, i, s, out, p, T2, T1, T1b, KS):
+    """Element e (0..63): bits 2*(e % 4) of qs[e / 4], x = (q - 1) * d (the NumPy decoder's f32 multiply)."""
+    d = _f16(src, i, 0)
+    for j in range(32):
+        e = 32 * s + j
+        out[p + j] = _mul(_fi(((_b(src, i, 2 + (e >> 2)) >> (2 * (e & 3))) & 3) - 1), d)
 
 
 @cuda.jit(device=True)
@@ -548,11 +557,11 @@ def _dq_iq4_xs(src, i, s, out, p, T2, T1, T1b, KS):
 
 _T = GGMLType
 DECODERS = {_T.Q4_0: _dq_q4_0, _T.Q4_1: _dq_q4_1, _T.Q5_0: _dq_q5_0, _T.Q5_1: _dq_q5_1, _T.Q8_0: _dq_q8_0,
-            _T.Q8_1: _dq_q8_1, _T.Q1_0: _dq_q1_0, _T.Q2_K: _dq_q2_K, _T.Q3_K: _dq_q3_K, _T.Q4_K: _dq_q4_K,
-            _T.Q5_K: _dq_q5_K, _T.Q6_K: _dq_q6_K, _T.Q8_K: _dq_q8_K, _T.TQ1_0: _dq_tq1_0, _T.TQ2_0: _dq_tq2_0,
-            _T.IQ2_XXS: _dq_iq2_xxs, _T.IQ2_XS: _dq_iq2_xs, _T.IQ2_S: _dq_iq2_s, _T.IQ3_XXS: _dq_iq3_xxs,
-            _T.IQ3_S: _dq_iq3_s, _T.IQ1_S: _dq_iq1_s, _T.IQ1_M: _dq_iq1_m, _T.IQ4_NL: _dq_iq4_nl,
-            _T.IQ4_XS: _dq_iq4_xs, _T.MXFP4: _dq_mxfp4, _T.NVFP4: _dq_nvfp4}
+            _T.Q8_1: _dq_q8_1, _T.Q1_0: _dq_q1_0, _T.Q2_0: _dq_q2_0, _T.Q2_K: _dq_q2_K, _T.Q3_K: _dq_q3_K,
+            _T.Q4_K: _dq_q4_K, _T.Q5_K: _dq_q5_K, _T.Q6_K: _dq_q6_K, _T.Q8_K: _dq_q8_K, _T.TQ1_0: _dq_tq1_0,
+            _T.TQ2_0: _dq_tq2_0, _T.IQ2_XXS: _dq_iq2_xxs, _T.IQ2_XS: _dq_iq2_xs, _T.IQ2_S: _dq_iq2_s,
+            _T.IQ3_XXS: _dq_iq3_xxs, _T.IQ3_S: _dq_iq3_s, _T.IQ1_S: _dq_iq1_s, _T.IQ1_M: _dq_iq1_m,
+            _T.IQ4_NL: _dq_iq4_nl, _T.IQ4_XS: _dq_iq4_xs, _T.MXFP4: _dq_mxfp4, _T.NVFP4: _dq_nvfp4}
 ELEMENTS = {_T.F32: _el_f32, _T.F16: _el_f16, _T.BF16: _el_bf16}
 
 # (T2, T1, T1b, KS) of each type: indices into refimpl.kernels.quants.tables(), None for a stand-in
