@@ -342,7 +342,7 @@ def _batched_split(W, b4, na, nb, r2, r3) -> np.ndarray:
     return out
 
 
-_F32 = np.dtype(np.float32)
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 
 
 def _decode_2d(a, b, fast: bool):
@@ -368,7 +368,10 @@ def _attn_decode(a, b, fast: bool):
     with m <= DECODE_ROWS, H a multiple of G, b C-contiguous and a either C-contiguous or the (1, 0, 2)
     transpose of a C-contiguous (n, G, k) array (the KV cache's own layout, read in place) -- in one kernel
     call over all heads (split by heads over threads) instead of one product per weight batch; None for
-    anything else."""
+    anything else. An f16 cache (llama.cpp's, as the RPC server receives it) or any other view of one is
+    copied to packed f32 first: its values exactly, so the bits of `_gemv_f16` per batch in exact mode (the
+    same f64 lanes and order), and in fast mode the f32 sums of an f32 cache (~100 us a product fewer
+    through the server: one call for all heads instead of one per KV head)."""
     G, n, k = a.shape
     H, m = b.shape[0], b.shape[1]
     if not (G > 0 and n > 0 and k > 0 and b.shape[2] == k and H % G == 0 and H > 0 and b.flags.c_contiguous):
@@ -376,8 +379,10 @@ def _attn_decode(a, b, fast: bool):
     A, tr = a, False
     if not a.flags.c_contiguous:
         A, tr = a.transpose(1, 0, 2), True
-        if not A.flags.c_contiguous:
-            return None
+        if not A.flags.c_contiguous:             # e.g. the first n_kv rows of a longer cache, as ggml views it
+            A, tr = np.ascontiguousarray(a), False
+    if A.dtype == np.float16:                    # an f16 cache: its values in f32, exactly
+        A = A.astype(np.float32)
     out = np.empty((H, m, n), np.float32)
     split = _split(H, max(1, ATTN_PAR_MIN_MACS // (n * k * m)))
     if fast:
@@ -457,7 +462,7 @@ def mul_mat(a, b) -> np.ndarray:
         if out is not None:
             return out
     if (type(b) is np.ndarray and type(a) is np.ndarray and b.ndim == 3 and a.ndim == 3
-            and 0 < b.shape[1] <= DECODE_ROWS and b.dtype == _F32 and a.dtype == _F32):
+            and 0 < b.shape[1] <= DECODE_ROWS and b.dtype == _F32 and a.dtype in (_F32, _F16)):
         out = _attn_decode(a, b, mode == "fast")
         if out is not None:
             return out

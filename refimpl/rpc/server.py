@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
-from ..dispatch import NUMERICS
+from ..dispatch import NUMERICS, forward_scope
 from ..qtensor import QTensor, quantize
 from ..types import NUMPY_DTYPES, GGMLType, type_traits
 from . import ggml_ops
@@ -299,7 +299,10 @@ class Connection:
     # -- graphs ----------------------------------------------------------------------------------------------
     def _compute(self, nodes: list[Node], tensors: dict[int, Node]) -> None:
         srv = self.server
-        with ops.backend(srv.backend), ops.numerics(srv.numerics), np.errstate(all="ignore"):
+        # forward_scope: what the backend does around a model's pass (numba: its thread count read once, not
+        # once per kernel call -- hundreds of calls a token); a graph's batch size is not known here
+        with ops.backend(srv.backend), ops.numerics(srv.numerics), np.errstate(all="ignore"), \
+                forward_scope(1, "decoder"):
             for n in nodes:
                 if n is None or n.skip:
                     continue

@@ -191,10 +191,30 @@ def test_attention_decode_reads_the_cache_layout_in_place(numerics, G, H, n, k, 
         odd = wide[..., :k].transpose(1, 0, 2)           # rows padded apart: neither layout, the general path
         got_odd = refimpl.ops.mul_mat(odd, b, numerics=numerics)
     assert_bits_equal(got, packed, f"attention decode product on the cache layout, {numerics}")
+    assert_bits_equal(got_odd, got, "attention product on a padded view (packed first: the same rows)")
+
+
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
+@pytest.mark.parametrize("G,H,n,k,m", [(3, 9, 97, 64, 1), (1, 4, 5, 33, 2), (2, 6, 40, 100, 8)])
+def test_attention_decode_on_an_f16_cache(numerics, G, H, n, k, m):
+    """llama.cpp's f16 KV cache as the RPC server views it (the first n of 2n rows): all heads in one call,
+    with the bits of one product per head (the f16 decode kernel, `_gemv_f16`) in exact mode and within
+    fast's bound of the NumPy reference in fast mode."""
+    rng = np.random.default_rng(G * n + k + 1)
+    cache = rng.standard_normal((2 * n, G, k)).astype(np.float16)
+    b = rng.standard_normal((H, m, k)).astype(np.float32)
+    view = cache[:n].transpose(1, 0, 2)                  # (G, n, k), rows 2n apart: neither packed layout
+    r = H // G
+    with refimpl.backend("numba"):
+        got = refimpl.ops.mul_mat(view, b, numerics=numerics)
+        per_head = np.stack([refimpl.ops.mul_mat(np.ascontiguousarray(view[h // r]), b[h], numerics=numerics)
+                             for h in range(H)])
+    assert got.shape == (H, m, n)
     if numerics == "exact":
-        assert_bits_equal(got_odd, got, "attention product on a padded view")
-    else:
-        assert_nmse(got_odd, got, tol("mul_mat", "*", "property").nmse, "attention product on a padded view")
+        assert_bits_equal(got, per_head, "f16 cache, all heads at once vs one product per head")
+    with refimpl.backend("numpy"):
+        want = refimpl.ops.mul_mat(view, b, numerics="exact")
+    assert_nmse(got, want, tol("mul_mat", "*", "property").nmse, f"f16 cache vs the reference, {numerics}")
 
 
 def test_fast_kernels_refuse_mismatched_operands():
