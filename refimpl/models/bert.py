@@ -72,8 +72,8 @@ from ..dispatch import forward_scope
 from ..errors import BertError, LoadError, TokenizerError
 from ..ops import add, gelu, gelu_erf, get_rows, mul_mat, soft_max_ext
 from ..ops.fused import add_norm_affine, attn_mha, attn_qkv, mul_mat_add, mul_mat_add_gelu, stack_qkv
-from .common import (capture_fn, device_constant, gpu_mode, layer_norm, no_capture, on_device, permuted, to_device,
-                     to_host)
+from .common import (capture_fn, device_constant, getter, gpu_mode, layer_norm, no_capture, on_device, permuted,
+                     to_device, to_host)
 
 A = Any  # np.ndarray or QTensor
 
@@ -137,13 +137,7 @@ class HParams:
             raise BertError(f"{where}: general.architecture {arch!r}; refimpl.models.bert runs llama.cpp's 'bert' "
                             f"architecture only", where)
 
-        def g(key, *default):
-            full = f"{arch}.{key}"
-            if full in kv:
-                return kv[full]
-            if default:
-                return default[0]
-            raise BertError(f"{where}: GGUF metadata is missing {full!r}", where)
+        g = getter(kv, f"{arch}.", where, lambda msg: BertError(msg, where))
 
         def count(key, hi, *default, lo=1):
             return _count(g(key, *default), f"{where}: {arch}.{key}", lo, hi)
@@ -175,12 +169,7 @@ class HParams:
         if not isinstance(cfg, dict):
             raise BertError(f"{where}: the top level is a JSON {type(cfg).__name__}; expected an object", where)
 
-        def g(key, *default):
-            if key in cfg:
-                return cfg[key]
-            if default:
-                return default[0]
-            raise BertError(f"{where}: missing {key!r}", where)
+        g = getter(cfg, "", where, lambda msg: BertError(msg, where), source="the config")
 
         def count(key, hi, *default, lo=1):
             return _count(g(key, *default), f"{where}: {key}", lo, hi)

@@ -27,6 +27,21 @@ def capture_fn(capture) -> Callable[[str, np.ndarray], None]:
     return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
 
 
+def getter(kv: dict, prefix: str, where: str, error: Callable[[str], Exception] = ValueError,
+           source: str = "GGUF metadata"):
+    """g(key, *default): kv[prefix + key]; else the default when one is given; else `error(message)` naming
+    `where` (the file), the full key and what it is missing from -- each model family's hyper-parameter
+    reader (GGUF metadata under `{arch}.`, a Hugging Face config.json with no prefix)."""
+    def g(key: str, *default):
+        full = prefix + key
+        if full in kv:
+            return kv[full]
+        if default:
+            return default[0]
+        raise error(f"{where}: {source} is missing {full!r}")
+    return g
+
+
 def layer_norm(x, w, b, eps: float):
     """llama.cpp's build_norm(LLM_NORM): ggml_norm over the rows, then mul by the weight and add the bias."""
     return add(mul(norm(x, eps), w), b)

@@ -35,7 +35,7 @@ from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 from ..errors import LoadError
-from .common import (capture_fn, check_alloc, device_constant, gpu_mode, movement, on_device, permuted,  # noqa: F401
+from .common import (capture_fn, check_alloc, device_constant, getter, gpu_mode, movement, on_device, permuted,  # noqa: F401
                      to_device, to_host)
 
 A = Any  # np.ndarray or QTensor
@@ -83,13 +83,7 @@ class HParams:
             raise ValueError(f"{where}: architecture {arch!r} is not a llama-family model refimpl runs "
                              f"(known: {sorted(ROPE_MODE)})")
 
-        def g(key, *default):
-            full = f"{arch}.{key}"
-            if full in kv:
-                return kv[full]
-            if default:
-                return default[0]
-            raise ValueError(f"{where}: GGUF metadata is missing {full!r}")
+        g = getter(kv, f"{arch}.", where)
 
         def bad(key, v, expected):
             return ValueError(f"{where}: {arch}.{key} is {v!r} ({type(v).__name__}); expected {expected}")

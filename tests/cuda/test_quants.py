@@ -27,8 +27,8 @@ pytestmark = [pytest.mark.equivalence, pytest.mark.filterwarnings("ignore:.*enco
 F16_SPECIAL = [0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE12, 0x7BFF, 0x0001, 0x8000, 0x0000]
 F32_SPECIAL = [0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC01234, 0x7F7FFFFF, 0x00000001, 0x80000000, 0]
 # byte offsets of each type's f16 scale fields (ggml-common.h's block structs)
-F16_FIELDS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,), "q8_1": (0, 2),
-              "q1_0": (0,), "q2_0": (0,), "q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,),
+F16_FIELDS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,), "q8_1": (0, 2), "q1_0": (0,),
+              "q2_0": (0,), "q2_K": (80, 82), "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,),
               "tq2_0": (64,), "tq1_0": (52,), "iq2_xxs": (0,), "iq2_xs": (0,), "iq2_s": (0,), "iq3_xxs": (0,),
               "iq3_s": (0,), "iq1_s": (0,), "iq4_nl": (0,), "iq4_xs": (0,), "f16": (0,), "bf16": (0,)}
 

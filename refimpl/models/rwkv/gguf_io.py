@@ -48,6 +48,7 @@ import numpy as np
 
 from ... import gguf as _gguf
 from ...qtensor import QTensor, dequantize
+from ..common import getter
 from .model import HParams, RwkvModel
 
 ARCHS = {"rwkv6": 6, "rwkv7": 7}
@@ -92,13 +93,7 @@ class _Tensors:
 def _hparams(f, version: int, t: _Tensors) -> HParams:
     arch, kv = f.arch, f.metadata
 
-    def g(key, *default):
-        full = f"{arch}.{key}"
-        if full in kv:
-            return kv[full]
-        if default:
-            return default[0]
-        raise ValueError(f"{f.path}: GGUF metadata is missing {full!r}")
+    g = getter(kv, f"{arch}.", f.path)
 
     n_embd, n_layer, head_size = int(g("embedding_length")), int(g("block_count")), int(g("wkv.head_size"))
     if head_size <= 0 or n_embd % head_size:
