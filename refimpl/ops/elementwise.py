@@ -46,7 +46,7 @@ def type_name(x) -> str:
     return _DTYPE_NAMES.get(dt) or str(dt)
 
 
-def _load(name: str, x, types=FLOAT_TYPES, what: str = "a") -> tuple[np.ndarray, str]:
+def load_f32(name: str, x, types=FLOAT_TYPES, what: str = "a") -> tuple[np.ndarray, str]:
     """x's values in f32 (exact for f16/bf16) and its type name; fail unless the type is in `types`."""
     t = type_name(x)
     if t not in types:
@@ -58,7 +58,7 @@ def _load(name: str, x, types=FLOAT_TYPES, what: str = "a") -> tuple[np.ndarray,
     return (f16_to_f32(x) if t == "f16" else x.astype(np.float32)), t
 
 
-def _store(y: np.ndarray, t: str):
+def store_as(y: np.ndarray, t: str):
     """f32 values rounded once to type t (ggml's f32 -> f16 / bf16 conversions)."""
     y = np.asarray(y, np.float32)
     if t == "f32":
@@ -109,7 +109,7 @@ def _contiguous(x) -> bool:
     return nb[0] == ts and nb[1] == ts * n0 and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
 
 
-def _check_layout(name: str, layout: str, **operands) -> None:
+def check_layout(name: str, layout: str, **operands) -> None:
     check, why = {"rows": (_rows_packed, "rows must be contiguous (ggml asserts nb0 == type size)"),
                   "contiguous_1": (_contiguous_1, "must have contiguous rows and dims 2, 3 packed over dim 1 "
                                                   "(ggml_is_contiguous_1)"),
@@ -153,14 +153,14 @@ def _binary(name, a, b, fn):
         # dims of 1, where ggml's tiling is NumPy's broadcast; one f32 operation per element, as below
         with np.errstate(all="ignore"):
             return fn(a, b)
-    x, ta = _load(name, a, tuple(_BINARY_TYPES))
+    x, ta = load_f32(name, a, tuple(_BINARY_TYPES))
     tb = type_name(b)
     if tb not in _BINARY_TYPES[ta]:
         fail(name, f"src1 must be {'/'.join(_BINARY_TYPES[ta])} when src0 is {ta}, got {tb}", a=a, b=b)
-    _check_layout(name, "rows", a=a)
-    y, _ = _load(name, b, _BINARY_TYPES[ta], "b")
+    check_layout(name, "rows", a=a)
+    y, _ = load_f32(name, b, _BINARY_TYPES[ta], "b")
     with np.errstate(all="ignore"):
-        return _store(fn(x, tile_to(name, x, y)), ta)
+        return store_as(fn(x, tile_to(name, x, y)), ta)
 
 
 # block types ggml-cpu's add/add1 requantize to: those whose CPU type traits have a from_float
@@ -195,7 +195,7 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if isinstance(a, QTensor) and a.traits.blck_size > 1:
         if type_name(b) != "f32" or ne4(np.shape(b)) != ne4(a.shape):
             fail("add", "a quantized a needs b f32 of the same shape", a=a, b=b)
-        _check_layout("add", "rows", b=b)
+        check_layout("add", "rows", b=b)
         return _quant_add("add", a, np.asarray(b).reshape(a.shape))
     return _binary("add", a, b, np.add)
 
@@ -254,20 +254,20 @@ def add1(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """
     if isinstance(a, QTensor):
         nonempty("add1", a=a)
-    _check_layout("add1", "contiguous_1", a=a)
+    check_layout("add1", "contiguous_1", a=a)
     if isinstance(a, QTensor) and a.traits.blck_size > 1:
         if type_name(b) != "f32" or int(np.prod(np.shape(b))) != 1:
             fail("add1", "b must be an f32 scalar when a is quantized", a=a, b=b)
         return _quant_add("add1", a, np.float32(np.asarray(b).reshape(())))
-    x, ta = _load("add1", a, FLOAT_TYPES)
+    x, ta = load_f32("add1", a, FLOAT_TYPES)
     tb = type_name(b)
     if tb not in _BINARY_TYPES[ta]:
         fail("add1", f"b must be {'/'.join(_BINARY_TYPES[ta])} when a is {ta}, got {tb}", a=a, b=b)
     if int(np.prod(np.shape(b) if not isinstance(b, QTensor) else b.shape)) != 1:
         fail("add1", "b must be a scalar (ne [1, 1, 1, 1])", a=a, b=b)
-    v, _ = _load("add1", b, _BINARY_TYPES[ta], "b")
+    v, _ = load_f32("add1", b, _BINARY_TYPES[ta], "b")
     with np.errstate(all="ignore"):
-        return _store(x + v.reshape(()), ta)
+        return store_as(x + v.reshape(()), ta)
 
 
 @op("add_id")
@@ -284,15 +284,15 @@ def add_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
     b's rows are taken from its first ne2/ne3 plane only (ggml-cpu indexes them by ne1 alone).
     """
     nonempty("add_id", a=a, b=b, ids=ids)
-    x, _ = _load("add_id", a, ("f32",))
-    y, _ = _load("add_id", b, ("f32",), "b")
+    x, _ = load_f32("add_id", a, ("f32",))
+    y, _ = load_f32("add_id", b, ("f32",), "b")
     ids = np.asarray(ids)
     if ids.dtype != np.int32:
         fail("add_id", f"ids must be i32, got {ids.dtype}", a=a, ids=ids)
     na, nb_, ni = ne4(x.shape), ne4(y.shape), ne4(ids.shape)
     if na[0] != nb_[0] or na[1] != ni[0] or na[2] != ni[1]:
         fail("add_id", "need a.ne0 == b.ne0, a.ne1 == ids.ne0, a.ne2 == ids.ne1", a=a, b=b, ids=ids)
-    _check_layout("add_id", "rows", a=a, b=b)
+    check_layout("add_id", "rows", a=a, b=b)
     rows = y.reshape(-1, nb_[1], nb_[0])[0]
     idx = ids.reshape(ni[3], ni[2], ni[1], ni[0])[0, 0]           # (ne2, ne1) = (n_tokens, n_used)
     if idx.size and (idx.min() < 0 or idx.max() >= nb_[1]):
@@ -312,10 +312,10 @@ def map_unary(name, a, f, types=FLOAT_TYPES, layout="rows"):
         with np.errstate(all="ignore"):           # f32, packed: nothing to load, check or round (~25 us less)
             y = f(a)
         return np.array(y, np.float32) if y is a or not isinstance(y, np.ndarray) or y.dtype != _F32 else y
-    x, t = _load(name, a, types)
-    _check_layout(name, layout, a=a)
+    x, t = load_f32(name, a, types)
+    check_layout(name, layout, a=a)
     with np.errstate(all="ignore"):
-        return _store(f(x), t)
+        return store_as(f(x), t)
 
 
 def _unary_doc(call: str, math_: str, note: str = "", types: str = "f32/f16/bf16") -> str:
@@ -584,11 +584,11 @@ def gelu(a):
     (bit-exact with ggml-cpu): the formula itself misses ggml-cpu by NMSE 8.8e-8 on uniform [-1, 1] data,
     nearly ggml's whole 1e-7 test budget.
     """
-    x, t = _load("gelu", a)
-    _check_layout("gelu", "rows", a=a)
+    x, t = load_f32("gelu", a)
+    check_layout("gelu", "rows", a=a)
     with np.errstate(all="ignore"):
         y = _gelu_f32(x) if t == "f32" else _lookup(gelu_table(), x) if t == "f16" else _gelu_tanh(x)
-    return _store(y, t)
+    return store_as(y, t)
 
 
 @op("gelu_quick", covers="UNARY:GELU_QUICK")
@@ -625,8 +625,8 @@ def xielu(a, alpha_n: float, alpha_p: float, beta: float, eps: float, *, stored:
     stored=True: alpha_n and alpha_p are already an and ap, the values ggml_xielu stores in the node's
     op_params (a graph read back from ggml, e.g. by refimpl serve, carries only those).
     """
-    x, t = _load("xielu", a, FLOAT_TYPES)
-    _check_layout("xielu", "contiguous_1", a=a)
+    x, t = load_f32("xielu", a, FLOAT_TYPES)
+    check_layout("xielu", "contiguous_1", a=a)
     with np.errstate(all="ignore"):
         if stored:
             an, ap = f32(alpha_n), f32(alpha_p)
@@ -636,7 +636,7 @@ def xielu(a, alpha_n: float, alpha_p: float, beta: float, eps: float, *, stored:
         bx = f32(beta) * x
         pos = fma32(ap * x, x, bx)
         neg_ = fma32(_libm(np.expm1, np.fmin(x, f32(eps))) - x, an, bx)
-        return _store(np.where(x > 0, pos, neg_), t)
+        return store_as(np.where(x > 0, pos, neg_), t)
 
 
 @op("leaky_relu")
@@ -652,9 +652,9 @@ def leaky_relu(a, negative_slope: float, inplace: bool = False):
     packed and steps through them by nb1 alone (it assumes ggml_is_contiguous_1 without checking);
     refimpl computes any layout.
     """
-    x, t = _load("leaky_relu", a, ("f32", "f16"))
+    x, t = load_f32("leaky_relu", a, ("f32", "f16"))
     with np.errstate(all="ignore"):
-        return _store(np.where(x > 0, x, f32(0)) + f32(negative_slope) * np.where(x < 0, x, f32(0)), t)
+        return store_as(np.where(x > 0, x, f32(0)) + f32(negative_slope) * np.where(x < 0, x, f32(0)), t)
 
 
 @op("silu_back")
@@ -669,13 +669,13 @@ def silu_back(a, b):
 
     Like leaky_relu, ggml-cpu assumes ggml_is_contiguous_1 operands without checking; refimpl takes any layout.
     """
-    dy, t = _load("silu_back", a, ("f32", "f16"))
-    x, tb = _load("silu_back", b, ("f32", "f16"), "b")
+    dy, t = load_f32("silu_back", a, ("f32", "f16"))
+    x, tb = load_f32("silu_back", b, ("f32", "f16"), "b")
     if tb != t or ne4(dy.shape) != ne4(x.shape):
         fail("silu_back", "a and b must have the same shape and type", a=a, b=b)
     with np.errstate(all="ignore"):
         s = f32(1) / (f32(1) + _expf(-x))
-        return _store(dy * s * fma32(x, f32(1) - s, f32(1)), t)
+        return store_as(dy * s * fma32(x, f32(1) - s, f32(1)), t)
 
 
 # -- GLU: act(x) * g, x and g the two halves of a row (or a and b) -----------------------------------------
@@ -683,11 +683,11 @@ def silu_back(a, b):
 def map_glu(name, a, b, swapped, act, types=FLOAT_TYPES):
     """What every GLU op shares: act(x, g, type) rounded once to a's type, for x = a, g = b (split), or the
     two halves of a's rows (swapped: g first)."""
-    x, t = _load(name, a, types)
-    _check_layout(name, "contiguous_1", a=a)
+    x, t = load_f32(name, a, types)
+    check_layout(name, "contiguous_1", a=a)
     if b is not None:
-        g, tb = _load(name, b, types, "b")
-        _check_layout(name, "contiguous_1", b=b)
+        g, tb = load_f32(name, b, types, "b")
+        check_layout(name, "contiguous_1", b=b)
         if tb != t or ne4(x.shape) != ne4(g.shape):
             fail(name, "a and b must have the same shape and type", a=a, b=b)
         g = g.reshape(x.shape)
@@ -697,7 +697,7 @@ def map_glu(name, a, b, swapped, act, types=FLOAT_TYPES):
         if swapped:
             x, g = g, x
     with np.errstate(all="ignore"):
-        return _store(act(x, g, t), t)
+        return store_as(act(x, g, t), t)
 
 
 _GLU_DOC = """{call}
@@ -816,11 +816,11 @@ def scale(a, s: float, b: float = 0.0):
 
     bf16 (ggml 0.25.3's scale_bf16): the f32 result above, rounded once to bf16.
     """
-    x, t = _load("scale", a, ("f32", "bf16"))
-    _check_layout("scale", "contiguous", a=a)
+    x, t = load_f32("scale", a, ("f32", "bf16"))
+    check_layout("scale", "contiguous", a=a)
     with np.errstate(all="ignore"):
         y = x * f32(s) if f32(b) == 0 else fma32(x, f32(s), f32(b))
-    return y if t == "f32" else _store(y, t)
+    return y if t == "f32" else store_as(y, t)
 
 
 @op("clamp")
@@ -835,11 +835,11 @@ def clamp(a, min: float, max: float):  # noqa: A002  (ggml's parameter names)
     ggml_clamp exists only in place (the result is a view of a, computing it overwrites a); refimpl returns
     a new array. ggml-cpu steps through rows by nb1 alone (dims 2, 3 must be packed over dim 1).
     """
-    x, t = _load("clamp", a, ("f32", "f16"))
-    _check_layout("clamp", "rows", a=a)
+    x, t = load_f32("clamp", a, ("f32", "f16"))
+    check_layout("clamp", "rows", a=a)
     lo, hi = f32(min), f32(max)
     m = np.where(x < hi, x, hi)
-    return _store(np.where(m > lo, m, lo), t)
+    return store_as(np.where(m > lo, m, lo), t)
 
 
 @op("fill")
@@ -849,9 +849,9 @@ def fill(a, c: float):
     a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16, contiguous (only its shape and type are used)
     out  a's shape and type, = fl(c)
     """
-    _, t = _load("fill", a, ("f32", "f16"))
-    _check_layout("fill", "contiguous", a=a)
-    return _store(np.full(np.shape(a), f32(c), np.float32), t)
+    _, t = load_f32("fill", a, ("f32", "f16"))
+    check_layout("fill", "contiguous", a=a)
+    return store_as(np.full(np.shape(a), f32(c), np.float32), t)
 
 
 TRI_TYPE_UPPER_DIAG, TRI_TYPE_UPPER, TRI_TYPE_LOWER_DIAG, TRI_TYPE_LOWER = 0, 1, 2, 3   # enum ggml_tri_type
@@ -867,8 +867,8 @@ def tri(a, type: int):  # noqa: A002  (ggml's parameter name)
         type 0 UPPER_DIAG keeps c >= r (np.triu(a)),   1 UPPER keeps c > r (np.triu(a, 1)),
              2 LOWER_DIAG keeps c <= r (np.tril(a)),   3 LOWER keeps c < r (np.tril(a, -1))
     """
-    x, _ = _load("tri", a, ("f32",))
-    _check_layout("tri", "contiguous", a=a)
+    x, _ = load_f32("tri", a, ("f32",))
+    check_layout("tri", "contiguous", a=a)
     ne = ne4(x.shape)
     if ne[0] != ne[1]:
         fail("tri", "a must be square in ne0, ne1", a=a)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..dispatch import op
 from ..shapes import fail, ne4, nonempty
-from .elementwise import _check_layout, _load, _store, type_name
+from .elementwise import check_layout, load_f32, store_as, type_name
 
 
 def _seq_sum(x: np.ndarray, dtype) -> np.ndarray:
@@ -34,10 +34,10 @@ def sum(a):  # noqa: A001  (ggml's name; shadows the builtin in this module only
     ggml-cpu reads each row as ne0 packed values (it does not check nb0): refimpl takes any layout.
     """
     nonempty("sum", a=a)
-    x, t = _load("sum", a)
+    x, t = load_f32("sum", a)
     acc = np.float64 if t == "f32" else np.float32
     rows = _seq_sum(x.reshape(-1, x.shape[-1] if x.ndim else 1), acc)
-    return _store(_seq_sum(rows[None], acc).astype(np.float32).reshape(1), t)
+    return store_as(_seq_sum(rows[None], acc).astype(np.float32).reshape(1), t)
 
 
 @op("sum_rows")
@@ -49,8 +49,8 @@ def sum_rows(a: np.ndarray) -> np.ndarray:
 
         out[..., 0] = fl32(Σ_f64 a[..., i])   (sequential f64 sum, one rounding)
     """
-    x, _ = _load("sum_rows", a, ("f32",))
-    _check_layout("sum_rows", "rows", a=a)
+    x, _ = load_f32("sum_rows", a, ("f32",))
+    check_layout("sum_rows", "rows", a=a)
     return _seq_sum(x, np.float64).astype(np.float32)[..., None]
 
 
@@ -65,7 +65,7 @@ def mean(a: np.ndarray) -> np.ndarray:
 
     ggml-cpu reads each row as n packed values without checking nb0; refimpl takes any layout.
     """
-    x, _ = _load("mean", a, ("f32",))
+    x, _ = load_f32("mean", a, ("f32",))
     n = np.float32(x.shape[-1])
     with np.errstate(all="ignore"):
         return (_seq_sum(x, np.float64).astype(np.float32) / n)[..., None]
@@ -80,8 +80,8 @@ def cumsum(a: np.ndarray) -> np.ndarray:
 
         out[..., i] = out[..., i-1] + a[..., i]   (sequential f32, out[..., 0] = a[..., 0])
     """
-    x, _ = _load("cumsum", a, ("f32",))
-    _check_layout("cumsum", "rows", a=a)
+    x, _ = load_f32("cumsum", a, ("f32",))
+    check_layout("cumsum", "rows", a=a)
     with np.errstate(all="ignore"):
         return np.cumsum(x, axis=-1, dtype=np.float32)
 
@@ -100,7 +100,7 @@ def argmax(a: np.ndarray) -> np.ndarray:
     without checking nb0; refimpl takes any layout.
     """
     nonempty("argmax", a=a)
-    x, _ = _load("argmax", a, ("f32",))
+    x, _ = load_f32("argmax", a, ("f32",))
     ne = ne4(x.shape)
     if ne[2] != 1 or ne[3] != 1:
         fail("argmax", "a must be a matrix (ne2 = ne3 = 1)", a=a)

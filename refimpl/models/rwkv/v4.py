@@ -70,14 +70,14 @@ def wkv(w: np.ndarray, u: np.ndarray, k: np.ndarray, v: np.ndarray, aa: np.ndarr
     return out, (aa, bb, pp)
 
 
-def _shift(xx: np.ndarray, prev: np.ndarray) -> np.ndarray:
+def shifted(xx: np.ndarray, prev: np.ndarray) -> np.ndarray:
     """the previous token's row for every token: prev (n_embd,) then xx[:-1] (device arrays: ggml_concat)"""
     if on_device(xx) or on_device(prev):
         return concat(prev.reshape(1, -1), xx[:-1], 1)
     return np.concatenate([prev[None, :], xx[:-1]], axis=0)
 
 
-def _mix(xx: np.ndarray, sx: np.ndarray, m: np.ndarray) -> np.ndarray:
+def mix(xx: np.ndarray, sx: np.ndarray, m: np.ndarray) -> np.ndarray:
     """xx*m + sx*(1 - m), m (1, 1, n_embd) as stored (under the CUDA backend m and 1 - m made once)"""
     if gpu_mode():
         one_minus = device_constant(derived(m, "1-m", lambda: np.float32(1.0) - m.reshape(-1)))
@@ -100,11 +100,11 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         # time mix
         xx = layer_norm(x, W(b + "ln1.weight"), W(b + "ln1.bias"), eps)
         cap(f"attn_norm-{il}", xx)
-        sx = _shift(xx, state.shift_att[il])
+        sx = shifted(xx, state.shift_att[il])
         put(new.shift_att, il, xx[-1])
-        r = sigmoid(mul_mat(W(a + "receptance.weight"), _mix(xx, sx, W(a + "time_mix_r"))))
-        k = mul_mat(W(a + "key.weight"), _mix(xx, sx, W(a + "time_mix_k")))
-        v = mul_mat(W(a + "value.weight"), _mix(xx, sx, W(a + "time_mix_v")))
+        r = sigmoid(mul_mat(W(a + "receptance.weight"), mix(xx, sx, W(a + "time_mix_r"))))
+        k = mul_mat(W(a + "key.weight"), mix(xx, sx, W(a + "time_mix_k")))
+        v = mul_mat(W(a + "value.weight"), mix(xx, sx, W(a + "time_mix_v")))
         cap(f"r-{il}", r)
         cap(f"k-{il}", k)
         cap(f"v-{il}", v)
@@ -121,10 +121,10 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         # channel mix
         xx = layer_norm(x, W(b + "ln2.weight"), W(b + "ln2.bias"), eps)
         cap(f"ffn_norm-{il}", xx)
-        sx = _shift(xx, state.shift_ffn[il])
+        sx = shifted(xx, state.shift_ffn[il])
         put(new.shift_ffn, il, xx[-1])
-        r = sigmoid(mul_mat(W(f + "receptance.weight"), _mix(xx, sx, W(f + "time_mix_r"))))
-        k = sqr(relu(mul_mat(W(f + "key.weight"), _mix(xx, sx, W(f + "time_mix_k")))))
+        r = sigmoid(mul_mat(W(f + "receptance.weight"), mix(xx, sx, W(f + "time_mix_r"))))
+        k = sqr(relu(mul_mat(W(f + "key.weight"), mix(xx, sx, W(f + "time_mix_k")))))
         out = mul(r, mul_mat(W(f + "value.weight"), k))
         cap(f"ffn_out-{il}", out)
         x = add(x, out)

@@ -39,7 +39,7 @@ from ...ops import add, exp, get_rows, mul, mul_mat, norm, relu, rwkv_wkv6, scal
 from ..common import device_constant, to_host
 from . import RwkvModel, layer_norm
 from .state import RwkvState
-from .v4 import _mix, _shift
+from .v4 import mix, shifted
 from .v6 import broadcast, derived, put
 
 
@@ -71,16 +71,16 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         # time mix
         xx = layer_norm(x, W(b + "ln1.weight"), W(b + "ln1.bias"), eps)
         cap(f"attn_norm-{il}", xx)
-        sx = _shift(xx, state.shift_att[il])
+        sx = shifted(xx, state.shift_att[il])
         put(new.shift_att, il, xx[-1])
-        r = mul_mat(W(a + "receptance.weight"), _mix(xx, sx, W(a + "time_mix_r")))
-        k = mul_mat(W(a + "key.weight"), _mix(xx, sx, W(a + "time_mix_k")))
-        v = mul_mat(W(a + "value.weight"), _mix(xx, sx, W(a + "time_mix_v")))
+        r = mul_mat(W(a + "receptance.weight"), mix(xx, sx, W(a + "time_mix_r")))
+        k = mul_mat(W(a + "key.weight"), mix(xx, sx, W(a + "time_mix_k")))
+        v = mul_mat(W(a + "value.weight"), mix(xx, sx, W(a + "time_mix_v")))
         cap(f"r-{il}", r)
         cap(f"k-{il}", k)
         cap(f"v-{il}", v)
         if gated:
-            g = silu(mul_mat(W(a + "gate.weight"), _mix(xx, sx, W(a + "time_mix_g"))))
+            g = silu(mul_mat(W(a + "gate.weight"), mix(xx, sx, W(a + "time_mix_g"))))
             cap(f"g-{il}", g)
         w, u = derived(W(a + "time_decay"), "decay_and_bonus", lambda: decay_and_bonus(model, il))
         w, u = device_constant(w), device_constant(u)
@@ -103,10 +103,10 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         # channel mix (as RWKV-4)
         xx = layer_norm(x, W(b + "ln2.weight"), W(b + "ln2.bias"), eps)
         cap(f"ffn_norm-{il}", xx)
-        sx = _shift(xx, state.shift_ffn[il])
+        sx = shifted(xx, state.shift_ffn[il])
         put(new.shift_ffn, il, xx[-1])
-        r = sigmoid(mul_mat(W(f + "receptance.weight"), _mix(xx, sx, W(f + "time_mix_r"))))
-        kk = sqr(relu(mul_mat(W(f + "key.weight"), _mix(xx, sx, W(f + "time_mix_k")))))
+        r = sigmoid(mul_mat(W(f + "receptance.weight"), mix(xx, sx, W(f + "time_mix_r"))))
+        kk = sqr(relu(mul_mat(W(f + "key.weight"), mix(xx, sx, W(f + "time_mix_k")))))
         out = mul(r, mul_mat(W(f + "value.weight"), kk))
         cap(f"ffn_out-{il}", out)
         x = add(x, out)

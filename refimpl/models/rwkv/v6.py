@@ -112,8 +112,8 @@ def vec(x) -> np.ndarray:
     """A stored vector ((1, 1, n) or (n,), any float type or a QTensor) as a flat f32 array (n,); under
     gpu_mode() its device copy, made once."""
     if gpu_mode():
-        return device_constant(derived(x, "vec", lambda: _vec(x)))
-    return _vec(x)
+        return device_constant(derived(x, "vec", lambda: vec_f32(x)))
+    return vec_f32(x)
 
 
 def flat(x):
@@ -123,7 +123,8 @@ def flat(x):
     return x.reshape(-1)
 
 
-def _vec(x) -> np.ndarray:
+def vec_f32(x) -> np.ndarray:
+    """A stored vector's values as a flat f32 host array (a quantized one dequantized)."""
     if isinstance(x, QTensor):
         x = dequantize(x)
     return np.asarray(x, dtype=np.float32).reshape(-1)
@@ -223,7 +224,7 @@ def time_mix(x: np.ndarray, sx: np.ndarray, w: dict, p: str, n_head: int, head_s
                  lambda: lora_t(w[p + "time_maa_w2"]).reshape(5, 1, C, d_mix))
     xxx = mul_mat(w2, xxx)                                              # (5, T, 1, n_embd)
     maa = tuple(w[p + f"time_maa_{c}"] for c in "wkvrg")
-    lerp = device_constant(derived(maa, "lerp", lambda: np.stack([_vec(m) for m in maa]).reshape(5, 1, 1, C)))
+    lerp = device_constant(derived(maa, "lerp", lambda: np.stack([vec_f32(m) for m in maa]).reshape(5, 1, 1, C)))
     xxx = add(mul(add(xxx, lerp), sx.reshape(T, 1, C)), x.reshape(T, 1, C))
     xw, xk, xv, xr, xg = (xxx[i].reshape(T, C) for i in range(5))
 

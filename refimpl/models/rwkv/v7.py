@@ -51,7 +51,7 @@ from ...ops import (add, exp, l2_norm, mul, neg, relu, rwkv_wkv7, scale, sigmoid
 from ...ops import mul_mat
 from .state import RwkvState
 from ..common import device_constant
-from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, _vec, broadcast, capture_fn, check_tokens, derived, dims, embed,
+from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, vec_f32, broadcast, capture_fn, check_tokens, derived, dims, embed,
                  group_norm_heads, hparam, layer_norm, lora_t, mat, put, token_shift, vec)
 
 DECAY_SCALE = -0.606531       # -exp(-0.5), as llama.cpp writes it
@@ -76,7 +76,7 @@ def time_mix(x: np.ndarray, sx: np.ndarray, w: dict, p: str, n_head: int, head_s
     names = "rwkvag" if gated else "rwkva"
     n = len(names)
     lerps = tuple(w[p + f"x_{c}"] for c in names)
-    lerp = device_constant(derived(lerps, "lerp", lambda: np.stack([_vec(m) for m in lerps]).reshape(n, 1, 1, C)))
+    lerp = device_constant(derived(lerps, "lerp", lambda: np.stack([vec_f32(m) for m in lerps]).reshape(n, 1, 1, C)))
     sx_rep = broadcast(sx.reshape(1, 1, T, C), (n, 1, T, C))                     # ggml_repeat
     xxx = add(mul(sx_rep, lerp), x)                                              # (n, 1, T, n_embd)
     xr, xw, xk, xv, xa = (xxx[i, 0] for i in range(5))

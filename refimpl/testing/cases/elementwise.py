@@ -26,7 +26,7 @@ def _g():
     return ggml.lib()
 
 
-def _as(x: np.ndarray, t: str):
+def values_as(x: np.ndarray, t: str):
     """f32 values x as type t: f32 / f16 ndarray or a bf16 QTensor."""
     if t == "f32":
         return x.astype(np.float32)
@@ -56,7 +56,7 @@ def _view(draw, x):
     return _padded(draw, x) if isinstance(x, QTensor) else maybe_view(draw, x)
 
 
-def _qshape(shape):
+def reshape_bf16(shape):
     """post for QTensor (bf16) results: ggml's result read back with ggml_n_dims dims, given refimpl's NumPy
     shape. check_values compares QTensor bytes without reconciling leading 1s in the shape, so a bf16 result
     of ne [4, 1] would fail on numpy (4,) vs (1, 4); values are untouched."""
@@ -65,13 +65,13 @@ def _qshape(shape):
     return post
 
 
-def _tn(x) -> str:
+def type_tag(x) -> str:
     if isinstance(x, QTensor):
         return x.traits.name.lower()
     return {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}[x.dtype]
 
 
-def _nc(x) -> str:
+def view_tag(x) -> str:
     d = x.data if isinstance(x, QTensor) else x
     return "" if d.flags.c_contiguous else ",view"
 
@@ -83,11 +83,11 @@ BINARY_TYPES = [("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16")
 
 
 def _binary_case(op, a, b):
-    ta, tb = _tn(a), _tn(b)
+    ta, tb = type_tag(a), type_tag(b)
     tbs = "" if tb == ta else f",type_b={tb}"
     return OpCase(op, (a, b), build=lambda ctx, x, y: getattr(_g(), BINARY[op])(ctx, x, y), type=ta,
-                  post=_qshape(a.shape),
-                  name=f"{op.upper()}(type={ta}{tbs},ne_a={ne_str(a)},ne_b={ne_str(b)}{_nc(a)}{_nc(b)})")
+                  post=reshape_bf16(a.shape),
+                  name=f"{op.upper()}(type={ta}{tbs},ne_a={ne_str(a)},ne_b={ne_str(b)}{view_tag(a)}{view_tag(b)})")
 
 
 @st.composite
@@ -96,9 +96,9 @@ def _binary(draw, op: str):
     na = ne(draw)
     nb = [n // draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0])) for n in na]  # tiles
     lo = 0.5 if op == "div" else -1.0                   # div: |b| >= 0.5, as test-backend-ops
-    a = _view(draw, _as(values(draw, shape(na)), ta))
+    a = _view(draw, values_as(values(draw, shape(na)), ta))
     bv = values(draw, shape(nb), lo, 1.0) * (np.sign(values(draw, shape(nb))) if op == "div" else 1)
-    b = _as(bv, tb)
+    b = values_as(bv, tb)
     if not isinstance(b, QTensor):
         b = maybe_view(draw, b, transposed=True)      # src1 may have any layout, even strided rows
     return _binary_case(op, a, b)
@@ -119,7 +119,7 @@ def _binary_named(op):
     for ta, tb in BINARY_TYPES[1:]:
         a = rng.uniform(-1, 1, (3, 2, 40)).astype(np.float32)
         b = rng.uniform(0.5, 1, (1, 2, 40)).astype(np.float32)
-        out.append(_binary_case(op, _as(a, ta), _as(b, tb)))
+        out.append(_binary_case(op, values_as(a, ta), values_as(b, tb)))
     # infinities, zeros, large values: a/0 = +-inf, 0/0 = nan, f16 overflow to inf
     sp = np.array([[0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 6e4, -6e4, 1e-30, 3.0]], np.float32)
     out.append(_binary_case(op, sp, np.array([[0.0, 0.0, -0.0, 2.0, 1.0, np.inf, 2.0, 2.0, 1e-30, 0.0]], np.float32)))
@@ -171,9 +171,9 @@ ADD1_TYPES = [("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), 
 
 
 def _add1_case(a, b):
-    ta, tb = _tn(a), _tn(b)
+    ta, tb = type_tag(a), type_tag(b)
     return OpCase("add1", (a, b), build=lambda ctx, x, y: _g().ggml_add1(ctx, x, y), type=ta,
-                  post=_qshape(a.shape), name=f"ADD1(type={ta},type_b={tb},ne={ne_str(a)}{_nc(a)})")
+                  post=reshape_bf16(a.shape), name=f"ADD1(type={ta},type_b={tb},ne={ne_str(a)}{view_tag(a)})")
 
 
 @cases("add1")
@@ -183,16 +183,17 @@ def _add1(draw):
         return _add1_case(draw(_quant_a(add1=True)), values(draw, (1,)))
     ta, tb = draw(st.sampled_from(ADD1_TYPES))
     n = ne(draw)
-    a = _as(values(draw, shape(n)), ta)
+    a = values_as(values(draw, shape(n)), ta)
     if len(n) == 4 and min(n) > 1:      # padded rows: the oracle's views are padded_1d only with all ne > 1
         a = _padded(draw, a)
-    return _add1_case(a, _as(values(draw, (1,)), tb))
+    return _add1_case(a, values_as(values(draw, (1,)), tb))
 
 
 @named("add1")
 def _add1_named():
     rng = np.random.default_rng(2)
-    out = [_add1_case(_as(rng.uniform(-1, 1, shape(n)).astype(np.float32), ta), _as(np.array([0.25], np.float32), tb))
+    out = [_add1_case(values_as(rng.uniform(-1, 1, shape(n)).astype(np.float32), ta),
+                      values_as(np.array([0.25], np.float32), tb))
            for n in ([1], [33, 2], [1025, 3], [16, 5, 4, 3]) for ta, tb in ADD1_TYPES]
     x = np.zeros((3, 4, 5, 40), np.float32)
     x[...] = rng.uniform(-1, 1, x.shape)
@@ -206,7 +207,7 @@ def _add1_named():
 
 def _add_id_case(a, b, ids):
     return OpCase("add_id", (a, b, ids), build=lambda ctx, x, y, i: _g().ggml_add_id(ctx, x, y, i),
-                  name=f"ADD_ID(type=f32,ne_a={ne_str(a)},n_expert={b.shape[0]}{_nc(a)}{_nc(b)})")
+                  name=f"ADD_ID(type=f32,ne_a={ne_str(a)},n_expert={b.shape[0]}{view_tag(a)}{view_tag(b)})")
 
 
 @cases("add_id")
@@ -259,10 +260,10 @@ SPECIAL = np.array([0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 2.5, np.inf, -np.inf, 1e-8,
 
 
 def _unary_case(op, x, build=None, kwargs=None, params=""):
-    t = _tn(x)
+    t = type_tag(x)
     build = build or (lambda ctx, a: getattr(_g(), f"ggml_{op}")(ctx, a))
-    return OpCase(op, (x,), kwargs or {}, build=build, type=t, post=_qshape(x.shape),
-                  name=f"UNARY(op={op},type={t},ne={ne_str(x)}{params}{_nc(x)})")
+    return OpCase(op, (x,), kwargs or {}, build=build, type=t, post=reshape_bf16(x.shape),
+                  name=f"UNARY(op={op},type={t},ne={ne_str(x)}{params}{view_tag(x)})")
 
 
 @st.composite
@@ -275,7 +276,7 @@ def _unary(draw, op):
         flat = x.reshape(-1)
         k = draw(st.integers(0, len(SPECIAL) - 1))
         flat[: min(flat.size, 3)] = SPECIAL[k]
-    return _unary_case(op, _view(draw, _as(x, t)))
+    return _unary_case(op, _view(draw, values_as(x, t)))
 
 
 def _unary_named(op):
@@ -284,9 +285,9 @@ def _unary_named(op):
     out = []
     for n in ([1], [33, 2], [1025, 3], [64, 5, 4, 3]):
         for t in types:
-            out.append(_unary_case(op, _as(rng.uniform(lo, hi, shape(n)).astype(np.float32), t)))
+            out.append(_unary_case(op, values_as(rng.uniform(lo, hi, shape(n)).astype(np.float32), t)))
     for t in types:
-        out.append(_unary_case(op, _as(SPECIAL.reshape(2, -1), t)))
+        out.append(_unary_case(op, values_as(SPECIAL.reshape(2, -1), t)))
     x = rng.uniform(lo, hi, (3, 4, 8, 2)).astype(np.float32)
     out.append(_unary_case(op, np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)))  # permuted
     return out
@@ -300,18 +301,18 @@ for _op in UNARY:
 # -- xielu, leaky_relu, silu_back ----------------------------------------------------------------------------
 
 def _xielu_case(x, an, ap, beta, eps):
-    t = _tn(x)
-    return OpCase("xielu", (x, an, ap, beta, eps), type=t, post=_qshape(x.shape),
+    t = type_tag(x)
+    return OpCase("xielu", (x, an, ap, beta, eps), type=t, post=reshape_bf16(x.shape),
                   build=lambda ctx, a: _g().ggml_xielu(ctx, a, an, ap, beta, eps),
                   name=f"UNARY(op=xielu,type={t},ne={ne_str(x)},alpha_n={an},alpha_p={ap},beta={beta},eps={eps}"
-                       f"{_nc(x)})")
+                       f"{view_tag(x)})")
 
 
 @cases("xielu")
 @st.composite
 def _xielu(draw):
     t = draw(st.sampled_from(F))
-    x = _padded(draw, _as(values(draw, shape(ne(draw)), -5, 5), t))
+    x = _padded(draw, values_as(values(draw, shape(ne(draw)), -5, 5), t))
     an, ap = draw(st.sampled_from([0.8, 0.0, -2.0, 3.5, 25.0])), draw(st.sampled_from([0.8, 0.0, 1.5, -1.0, 21.0]))
     beta, eps = draw(st.sampled_from([0.5, 0.0, 1.0])), draw(st.sampled_from([-1e-6, 0.0, -0.5, 1e-3]))
     return _xielu_case(x, an, ap, beta, eps)
@@ -320,38 +321,38 @@ def _xielu(draw):
 @named("xielu")
 def _xielu_named():
     rng = np.random.default_rng(5)
-    out = [_xielu_case(_as(rng.uniform(-5, 5, shape(n)).astype(np.float32), t), 0.8, 0.8, 0.5, -1e-6)
+    out = [_xielu_case(values_as(rng.uniform(-5, 5, shape(n)).astype(np.float32), t), 0.8, 0.8, 0.5, -1e-6)
            for n in ([1], [33, 2], [1025, 3], [64, 5, 4, 3]) for t in F]
     out.append(_xielu_case(SPECIAL.reshape(2, -1), 0.8, 0.8, 0.5, -1e-6))
     return out
 
 
 def _leaky_case(x, slope):
-    t = _tn(x)
+    t = type_tag(x)
     return OpCase("leaky_relu", (x, slope), type=t, build=lambda ctx, a: _g().ggml_leaky_relu(ctx, a, slope, False),
-                  name=f"LEAKY_RELU(type={t},ne={ne_str(x)},negative_slope={slope}{_nc(x)})")
+                  name=f"LEAKY_RELU(type={t},ne={ne_str(x)},negative_slope={slope}{view_tag(x)})")
 
 
 @cases("leaky_relu")
 @st.composite
 def _leaky_relu(draw):
-    x = _padded(draw, _as(values(draw, shape(ne(draw))), draw(st.sampled_from(["f32", "f16"]))))
+    x = _padded(draw, values_as(values(draw, shape(ne(draw))), draw(st.sampled_from(["f32", "f16"]))))
     return _leaky_case(x, draw(st.sampled_from([0.1, 0.01, 0.0, 1.0, -0.5, 3.0])))
 
 
 @named("leaky_relu")
 def _leaky_relu_named():
     rng = np.random.default_rng(6)
-    out = [_leaky_case(_as(rng.uniform(-1, 1, shape(n)).astype(np.float32), t), 0.1)
+    out = [_leaky_case(values_as(rng.uniform(-1, 1, shape(n)).astype(np.float32), t), 0.1)
            for n in ([1], [33, 2], [1025, 3], [64, 5, 4, 3]) for t in ("f32", "f16")]
-    out += [_leaky_case(_as(SPECIAL.reshape(2, -1), t), s) for t in ("f32", "f16") for s in (0.1, -2.0)]
+    out += [_leaky_case(values_as(SPECIAL.reshape(2, -1), t), s) for t in ("f32", "f16") for s in (0.1, -2.0)]
     return out
 
 
 def _silu_back_case(dy, x):
-    t = _tn(dy)
+    t = type_tag(dy)
     return OpCase("silu_back", (dy, x), type=t, build=lambda ctx, a, b: _g().ggml_silu_back(ctx, a, b),
-                  name=f"SILU_BACK(type={t},ne={ne_str(x)}{_nc(dy)}{_nc(x)})")
+                  name=f"SILU_BACK(type={t},ne={ne_str(x)}{view_tag(dy)}{view_tag(x)})")
 
 
 @cases("silu_back")
@@ -359,8 +360,8 @@ def _silu_back_case(dy, x):
 def _silu_back(draw):
     t = draw(st.sampled_from(["f32", "f16"]))
     n = ne(draw)
-    return _silu_back_case(_padded(draw, _as(values(draw, shape(n)), t)),
-                           _padded(draw, _as(values(draw, shape(n), -10, 10), t)))
+    return _silu_back_case(_padded(draw, values_as(values(draw, shape(n)), t)),
+                           _padded(draw, values_as(values(draw, shape(n), -10, 10), t)))
 
 
 @named("silu_back")
@@ -369,8 +370,8 @@ def _silu_back_named():
     out = []
     for n in ([1], [33, 2], [1025, 3], [64, 5, 4, 3]):
         for t in ("f32", "f16"):
-            out.append(_silu_back_case(_as(rng.uniform(-1, 1, shape(n)).astype(np.float32), t),
-                                       _as(rng.uniform(-10, 10, shape(n)).astype(np.float32), t)))
+            out.append(_silu_back_case(values_as(rng.uniform(-1, 1, shape(n)).astype(np.float32), t),
+                                       values_as(rng.uniform(-10, 10, shape(n)).astype(np.float32), t)))
     return out
 
 
@@ -382,7 +383,7 @@ GLU = {"reglu": (("f32", "f16"), -1, 1), "geglu": (("f32", "f16"), -12, 12), "sw
 
 
 def _glu_case(op, a, b=None, swapped=False, alpha=1.702, limit=7.0):
-    t = _tn(a)
+    t = type_tag(a)
     g = _g()
     code = getattr(g, f"GGML_GLU_OP_{op.upper()}")
     oai = op == "swiglu_oai"
@@ -401,7 +402,7 @@ def _glu_case(op, a, b=None, swapped=False, alpha=1.702, limit=7.0):
         args, kw = (a, b, alpha, limit), dict(kw)
     params = (",split" if b is not None else "") + (",swapped" if swapped else "") + \
         (f",alpha={alpha},limit={limit}" if oai else "")
-    nc = _nc(a) + (_nc(b) if b is not None else "")
+    nc = view_tag(a) + (view_tag(b) if b is not None else "")
     return OpCase(op, args, kw, build=build, tensors=tuple(x for x in (a, b) if x is not None), type=t,
                   name=f"GLU(op={op},type={t},ne={ne_str(a)}{params}{nc})")
 
@@ -414,8 +415,8 @@ def _glu(draw, op):
     split = draw(st.booleans())
     if not split:
         n[0] = max(n[0], 2)                           # a merged row of 1 would give ne0 = 0
-    a = _padded(draw, _as(values(draw, shape(n), lo, hi), t))
-    b = _padded(draw, _as(values(draw, shape(n)), t)) if split else None
+    a = _padded(draw, values_as(values(draw, shape(n), lo, hi), t))
+    b = _padded(draw, values_as(values(draw, shape(n)), t)) if split else None
     swapped = False if split else draw(st.booleans())
     if op == "swiglu_oai":
         alpha, limit = draw(st.sampled_from([1.702, 1.0, 0.5])), draw(st.sampled_from([7.0, 2.0, 0.5]))
@@ -429,14 +430,14 @@ def _glu_named(op):
     out = []
     for n in ([2], [1], [66, 2], [2050, 3], [128, 5, 4, 3], [33, 3]):
         for t in types:
-            a = _as(rng.uniform(lo, hi, shape(n)).astype(np.float32), t)
+            a = values_as(rng.uniform(lo, hi, shape(n)).astype(np.float32), t)
             if n[0] > 1:
                 out += [_glu_case(op, a), _glu_case(op, a, swapped=True)]
             if n == [2]:
                 continue                                  # its split form is n = [1]'s
             half = [n[0] // 2 or 1] + n[1:]
-            out.append(_glu_case(op, _as(rng.uniform(lo, hi, shape(half)).astype(np.float32), t),
-                                 _as(rng.uniform(-1, 1, shape(half)).astype(np.float32), t)))
+            out.append(_glu_case(op, values_as(rng.uniform(lo, hi, shape(half)).astype(np.float32), t),
+                                 values_as(rng.uniform(-1, 1, shape(half)).astype(np.float32), t)))
     sp = SPECIAL.reshape(1, -1)
     out.append(_glu_case(op, np.concatenate([sp, sp[:, ::-1]], axis=1)))
     out.append(_glu_case(op, sp, np.ascontiguousarray(sp[:, ::-1])))
@@ -475,15 +476,15 @@ def _scale_named():
 
 
 def _clamp_case(x, lo, hi):
-    t = _tn(x)
+    t = type_tag(x)
     return OpCase("clamp", (x, lo, hi), type=t, build=lambda ctx, a: _g().ggml_clamp(ctx, a, lo, hi),
-                  name=f"CLAMP(type={t},ne={ne_str(x)},min={lo},max={hi}{_nc(x)})")
+                  name=f"CLAMP(type={t},ne={ne_str(x)},min={lo},max={hi}{view_tag(x)})")
 
 
 @cases("clamp")
 @st.composite
 def _clamp(draw):
-    x = _padded(draw, _as(values(draw, shape(ne(draw)), -2, 2), draw(st.sampled_from(["f32", "f16"]))))
+    x = _padded(draw, values_as(values(draw, shape(ne(draw)), -2, 2), draw(st.sampled_from(["f32", "f16"]))))
     lo = draw(st.sampled_from([-0.5, -1.0, 0.0, -np.inf, 0.25]))
     hi = draw(st.sampled_from([0.5, 1.0, np.inf, 1.5]))
     return _clamp_case(x, lo, hi)
@@ -492,15 +493,15 @@ def _clamp(draw):
 @named("clamp")
 def _clamp_named():
     rng = np.random.default_rng(10)
-    out = [_clamp_case(_as(rng.uniform(-2, 2, shape(n)).astype(np.float32), t), -0.5, 0.5)
+    out = [_clamp_case(values_as(rng.uniform(-2, 2, shape(n)).astype(np.float32), t), -0.5, 0.5)
            for n in ([1], [33, 2], [1025, 3], [64, 5, 4, 3]) for t in ("f32", "f16")]
-    out += [_clamp_case(_as(SPECIAL.reshape(2, -1), t), lo, hi) for t in ("f32", "f16")
+    out += [_clamp_case(values_as(SPECIAL.reshape(2, -1), t), lo, hi) for t in ("f32", "f16")
             for lo, hi in ((-1.0, 1.0), (0.5, -0.5), (-np.inf, 0.0))]
     return out
 
 
 def _fill_case(x, c):
-    t = _tn(x)
+    t = type_tag(x)
     return OpCase("fill", (x, c), type=t, build=lambda ctx, a: _g().ggml_fill(ctx, a, c),
                   name=f"FILL(type={t},ne={ne_str(x)},c={c})")
 
@@ -508,14 +509,14 @@ def _fill_case(x, c):
 @cases("fill")
 @st.composite
 def _fill(draw):
-    x = _as(values(draw, shape(ne(draw))), draw(st.sampled_from(["f32", "f16"])))
+    x = values_as(values(draw, shape(ne(draw))), draw(st.sampled_from(["f32", "f16"])))
     return _fill_case(x, draw(st.sampled_from([0.0, -0.0, 1.0, -2.5, 3.14159, 1e5, -np.inf, 1e-8])))
 
 
 @named("fill")
 def _fill_named():
-    return [_fill_case(_as(np.zeros(shape(n), np.float32), t), c) for n in ([1], [33, 2], [1025, 3], [64, 5, 4, 3])
-            for t in ("f32", "f16") for c in (0.0, -1.5, 7e4)]
+    return [_fill_case(values_as(np.zeros(shape(n), np.float32), t), c)
+            for n in ([1], [33, 2], [1025, 3], [64, 5, 4, 3]) for t in ("f32", "f16") for c in (0.0, -1.5, 7e4)]
 
 
 def _tri_case(x, typ):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from ...qtensor import QTensor
 from . import OpCase, cases, named, ne_str
 from ._draw import maybe_view, ne, shape, values
-from .elementwise import _as, _nc, _qshape, _tn
+from .elementwise import reshape_bf16, type_tag, values_as, view_tag
 
 
 def _g():
@@ -16,10 +16,10 @@ def _g():
 
 
 def _case(op, x, extra=""):
-    t = _tn(x) if not (isinstance(x, np.ndarray) and x.dtype == np.int32) else "i32"
+    t = type_tag(x) if not (isinstance(x, np.ndarray) and x.dtype == np.int32) else "i32"
     return OpCase(op, (x,), build=lambda ctx, a: getattr(_g(), f"ggml_{op}")(ctx, a), type=t,
-                  post=_qshape((1,)) if op == "sum" else None,
-                  name=f"{op.upper()}(type={t},ne={ne_str(x)}{extra}{_nc(x)})")
+                  post=reshape_bf16((1,)) if op == "sum" else None,
+                  name=f"{op.upper()}(type={t},ne={ne_str(x)}{extra}{view_tag(x)})")
 
 
 # -- sum (f32/f16/bf16), sum_rows, mean, cumsum (f32) ------------------------------------------------------
@@ -28,7 +28,7 @@ def _case(op, x, extra=""):
 @st.composite
 def _sum(draw):
     t = draw(st.sampled_from(["f32", "f16", "bf16"]))
-    x = _as(values(draw, shape(ne(draw, max_ne0=256))), t)
+    x = values_as(values(draw, shape(ne(draw, max_ne0=256))), t)
     return _case("sum", x if isinstance(x, QTensor) else maybe_view(draw, x))
 
 
@@ -47,7 +47,7 @@ def _rows_named(op, types=("f32",)):
     out = []
     for n in ([1], [33, 2], [1025, 3], [64, 5, 4, 3], [4096, 2], [1, 7, 3]):
         for t in types:
-            out.append(_case(op, _as(rng.uniform(-1, 1, shape(n)).astype(np.float32), t)))
+            out.append(_case(op, values_as(rng.uniform(-1, 1, shape(n)).astype(np.float32), t)))
     # cancellation and magnitude spread: where the f64 (sum) vs f32 (cumsum) accumulation shows
     x = np.array([[1e8, 1.0, -1e8, 1e-3, 3.0, -2.0, 1e-7, 7e7, -7e7, 0.5]], np.float32)
     out.append(_case(op, x, ",cancel"))
@@ -59,7 +59,7 @@ def _rows_named(op, types=("f32",)):
 
 
 named("sum")(lambda: _rows_named("sum", ("f32", "f16", "bf16")) +
-             [_case("sum", _as(np.full((64, 1000), 10.0, np.float32), "f16"), ",f16_overflow")])
+             [_case("sum", values_as(np.full((64, 1000), 10.0, np.float32), "f16"), ",f16_overflow")])
 for _op in ("sum_rows", "mean", "cumsum"):
     named(_op)(lambda _op=_op: _rows_named(_op))
 
@@ -101,7 +101,7 @@ def _argmax_named():
 
 def _ce_case(a, b, extra=""):
     return OpCase("count_equal", (a, b), build=lambda ctx, x, y: _g().ggml_count_equal(ctx, x, y), type="i32",
-                  name=f"COUNT_EQUAL(type=i32,ne={ne_str(a)}{extra}{_nc(a)}{_nc(b)})")
+                  name=f"COUNT_EQUAL(type=i32,ne={ne_str(a)}{extra}{view_tag(a)}{view_tag(b)})")
 
 
 @cases("count_equal")
