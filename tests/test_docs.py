@@ -4,7 +4,10 @@ without a docstring) fails the test.
 `mkdocs build --strict` of mkdocs.yml into a temporary directory, with the generated pages of
 docs/gen_ops_reference.py (the op reference, block layouts, notebook pages). mkdocstrings does not report a
 missing docstring, so the test also checks that every public op has one, and that the generated op pages
-list every op. Skipped only when the `docs` extra (mkdocs, mkdocstrings[python], mkdocs-jupyter) is missing.
+list every op. The build executes every teaching notebook (notebooks/NN_*.py) on the real models, as the site
+shows them: a cell that raises fails the build (mkdocs-jupyter's allow_errors: false), and each notebook's page
+must carry its outputs and its plots. Skipped only when the `docs` extra (mkdocs, mkdocstrings[python],
+mkdocs-jupyter) or the notebook tooling (the `notebooks` extra: ipykernel, matplotlib) is missing.
 """
 from __future__ import annotations
 
@@ -60,7 +63,10 @@ def test_mkdocs_build_strict(tmp_path):
     missing = _missing_tools()
     if missing:
         pytest.skip(f"docs tooling not installed ({', '.join(missing)}): pip install -e '.[docs]'")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", REFIMPL_DOCS_EXECUTE="false")
+    lacking = [m for m in ("ipykernel", "matplotlib") if importlib.util.find_spec(m) is None]
+    if lacking:
+        pytest.skip(f"notebook tooling not installed ({', '.join(lacking)}): pip install -e '.[notebooks]'")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", REFIMPL_DOCS_EXECUTE="true")
     env.pop("REFIMPL_BACKEND", None)
     site = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
@@ -73,3 +79,10 @@ def test_mkdocs_build_strict(tmp_path):
         assert (site / page).exists(), page
     norm = (site / "ops" / "norm" / "index.html").read_text(encoding="utf-8")
     assert "ggml_rms_norm" in norm and "numpy (r3, r2, r1, n)" in norm
+    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    assert len(sources) >= 8, [s.name for s in sources]
+    for src in sources:                  # every notebook executed: its outputs and plots are on its page
+        html = (site / "notebooks" / src.stem / "index.html").read_text(encoding="utf-8")
+        assert "jp-OutputArea-output" in html, f"{src.name}: the page shows no outputs"
+        assert "data:image/png;base64," in html, f"{src.name}: the page shows no plot"
+        assert "Traceback (most recent call last)" not in html, f"{src.name}: a cell failed"
