@@ -241,15 +241,40 @@ def _notebook_summary(path: Path) -> tuple[str, str]:
     return title, " ".join(para)
 
 
+def tokenizers_page() -> str:
+    """Every BPE pre-tokenizer name refimpl reads, grouped by the regexes they share, with the regexes."""
+    _import_path()
+    from refimpl.tokenizers import PRE_TOKENIZERS
+    groups: dict = {}
+    for name, pre in sorted(PRE_TOKENIZERS.items()):
+        groups.setdefault(pre, []).append(name)
+    lines = ["# Tokenizer pre-tokenizers", "",
+             "A BPE vocabulary (`tokenizer.ggml.model` \"gpt2\") names its pre-tokenizer in `tokenizer.ggml.pre`: "
+             "the regexes llama.cpp (llama-vocab.cpp of llama-cpp-python 0.3.36) splits the text with before BPE, "
+             "applied in order, each splitting the pieces the previous one left. refimpl reads every name below, "
+             "with llama.cpp's ids: on llama.cpp's own test vectors where it ships them, and on llama.cpp "
+             "tokenizing the same texts for every name (`tests/test_vocab_vectors.py`). \"clean spaces\": decode "
+             "contracts \" ?\" \" !\" \" .\" and the like; \"ignore merges\": a piece that is a whole vocabulary "
+             "entry is taken as is; \"BOS\": added by default when `tokenizer.ggml.add_bos_token` is absent. "
+             "Names llama.cpp knows that refimpl does not read yet are listed in `refimpl/tokenizers/llama.py`.", ""]
+    for pre, names in groups.items():
+        flags = [f for f, on in (("clean spaces", pre.clean_spaces), ("ignore merges", pre.ignore_merges),
+                                 ("BOS", pre.add_bos)) if on]
+        lines += [f"## {', '.join(names)}", "", f"{'; '.join(flags) or 'no flags'}", "", "```text"]
+        lines += [r.replace("\r", "\\r").replace("\n", "\\n") for r in pre.regexes]
+        lines += ["```", ""]
+    return "\n".join(lines)
+
+
 def notebooks_index() -> str:
     lines = ["# Notebooks", "",
              "Teaching notebooks, one idea each, that import refimpl rather than re-implement it. Their sources are "
              "jupytext percent-format files in `notebooks/` (the `.ipynb` beside each is generated from it); the test "
-             "suite executes every one on the real models (`tests/test_notebooks.py`). Each ends with exercises "
+             "docs build executes every one on the real models, so these pages show each output and plot (and the "
+             "test suite's build fails when a cell fails: `tests/test_docs.py`). Each ends with exercises "
              "checked against refimpl. Run one locally with `pip install -e '.[notebooks]'` and "
-             "`jupyter lab notebooks/` (or `jupytext --to ipynb` and any notebook viewer).", "",
-             "These pages show the notebooks' code; built with `REFIMPL_DOCS_EXECUTE=true mkdocs build` they also "
-             "show every output and plot.", ""]
+             "`jupyter lab notebooks/` (or `jupytext --to ipynb` and any notebook viewer); "
+             "`REFIMPL_DOCS_EXECUTE=false mkdocs build` builds the pages with the code only.", ""]
     for src in notebook_sources():
         title, para = _notebook_summary(src)
         lines += [f"- [{title}]({src.name}): {para}"]
@@ -259,7 +284,8 @@ def notebooks_index() -> str:
 def generated_pages() -> dict[str, str]:
     fams = families()
     kernels = _kernels()
-    pages = {"ops/index.md": ops_index(fams), "layouts.md": layouts_page(), "notebooks/index.md": notebooks_index()}
+    pages = {"ops/index.md": ops_index(fams), "layouts.md": layouts_page(), "notebooks/index.md": notebooks_index(),
+             "tokenizers.md": tokenizers_page()}
     for fam, infos in fams.items():
         pages[f"ops/{fam}.md"] = op_page(fam, infos, kernels)
     return pages
@@ -309,8 +335,8 @@ _cwd: list[str] = []
 
 
 def on_page_markdown(markdown, page, config, files):
-    """Links to OPTIONAL_PAGES that are not there yet become plain text. A notebook page is rendered (and, with
-    REFIMPL_DOCS_EXECUTE=true, executed) from notebooks/, the working directory the notebooks expect."""
+    """Links to OPTIONAL_PAGES that are not there yet become plain text. A notebook page is rendered and executed
+    (unless REFIMPL_DOCS_EXECUTE=false) from notebooks/, the working directory the notebooks expect."""
     if page.file.src_uri.startswith("notebooks/") and page.file.src_uri.endswith(".py"):
         _cwd.append(os.getcwd())
         os.chdir(NB_DIR)

@@ -34,8 +34,14 @@ What is reproduced from llama.cpp's `llama-vocab.cpp` (`llama_tokenize`, `llama_
     Pre-tokenizers supported (`tokenizer.ggml.pre`): "default" (and missing), the GPT-2 family
     ("gpt-2", "phi-2", "mpt", "olmo", "jais", ...), the StarCoder family ("smollm", "starcoder",
     "refact", "command-r", "codeshell", "exaone", "minerva-7b"), the Llama 3 family ("llama3",
-    "llama-bpe", "falcon3", "dbrx", "smaug-bpe", ...) and the Qwen2 family ("qwen2", "stablelm2",
-    "deepseek-r1-qwen", "megrez", ...). Others raise ValueError.
+    "llama-bpe", "falcon3", "dbrx", "smaug-bpe", ...), the Qwen2 family ("qwen2", "stablelm2",
+    "deepseek-r1-qwen", "megrez", ...) and the rest of llama.cpp's plain-regex names, whose regexes are
+    in pretok_regexes.py ("deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon", "qwen35", "tekken",
+    "gpt-4o", "llama4", "bloom", "chameleon", ...): `PRE_TOKENIZERS` lists them all, each checked against
+    llama.cpp (tests/test_vocab_vectors.py). Not yet: llama.cpp's hand-written splitters ("kimi-k2",
+    "afmoe"), a zero-width split ("superbpe"), names that change the special tokens ("chatglm-bpe", "glm4",
+    "glm5", "jina-v1-en", "jina-v2-code", "roberta-bpe") and the SPM-style BPE without GPT-2's byte
+    alphabet ("gemma4", "sarvam-moe", "whitespace", "granite-embed-multi-311m"); these raise ValueError.
 
 `tokenizer.ggml.model == "llama"`: SentencePiece (Llama 1/2, Mistral, TinyLlama, ...).
     Runs llama.cpp's own SPM algorithm (merge the adjacent pair whose concatenation is the
@@ -85,6 +91,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from .base import EOG_TEXTS, EOT_TEXTS, StreamDecoder, token_index  # noqa: F401
+from .pretok_regexes import REGEXES
 
 
 
@@ -129,7 +136,36 @@ PRE_TOKENIZERS: dict[str, _Pre] = {
     **_family("dbrx smaug-bpe", _Pre((_LLAMA3,))),
     **_family("stablelm2 megrez", _Pre((_QWEN2,))),
     **_family("qwen2 deepseek-r1-qwen kormo f2llmv2 hunyuan solar-open", _Pre((_QWEN2,), clean_spaces=False)),
+    **_family("trillion granite-docling", _Pre((_GPT2,), clean_spaces=False)),
 }
+# the rest of llama.cpp's names (llama-vocab.cpp's load): (names, its pre-tokenizer type, clean_spaces,
+# ignore_merges, add_bos), the regexes of that type from pretok_regexes.py
+for _names, _type, _clean, _ignore, _bos in (
+        ("deepseek-llm", "DEEPSEEK_LLM", False, False, False),
+        ("deepseek-coder", "DEEPSEEK_CODER", False, False, False),
+        ("deepseek-v3 hunyuan-dense hy_v4 joyai-llm", "DEEPSEEK3_LLM", False, False, False),
+        ("spark2_5", "SPARK2_5", False, False, False),
+        ("youtu", "YOUTU", False, True, False),
+        ("falcon", "FALCON", True, False, False),
+        ("qwen35", "QWEN35", False, False, False),
+        ("jais-2", "JAIS2", True, False, False),
+        ("poro-chat", "PORO", False, False, False),
+        ("bloom gpt3-finnish", "PORO", True, False, False),
+        ("viking", "VIKING", False, False, False),
+        ("tekken", "TEKKEN", False, True, True),
+        ("chameleon", "CHAMELEON", False, False, True),
+        ("gpt-4o llama4 kanana2 talkie minimax-m2", "GPT4O", False, False, False),
+        ("granite-embed-multi-97m", "GRANITE_EMB_MULTI", False, True, False),
+        ("tiny_aya cohere2moe", "TINY_AYA", False, False, False),
+        ("bailingmoe bailingmoe2 llada-moe", "BAILINGMOE", False, False, False),
+        ("seed-coder", "SEED_CODER", False, False, False),
+        ("ufakzeka", "UFAKZEKA", False, False, False),
+        ("grok-2", "QWEN2", False, False, False),
+        ("laguna", "LAGUNA", False, False, False),
+        ("exaone-moe", "EXAONE_MOE", True, False, False),
+        ("minicpm5", "MINICPM5", True, True, False)):
+    _rx = (_QWEN2,) if _type == "QWEN2" else REGEXES[_type]
+    PRE_TOKENIZERS.update(_family(_names, _Pre(_rx, clean_spaces=_clean, ignore_merges=_ignore, add_bos=_bos)))
 
 
 # ---------------------------------------------------------------------------------------------

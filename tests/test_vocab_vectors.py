@@ -1,0 +1,102 @@
+"""llama.cpp's own tokenizer test vectors, and llama.cpp's ids for every pre-tokenizer name refimpl supports.
+
+1. The vocab-only GGUFs that llama.cpp ships with test vectors (`models/ggml-vocab-*.gguf` with `.inp` and
+   `.out` in the llama-cpp-python 0.3.36 sdist, which scripts/build_llamacpp.sh downloads): every input (split
+   on "\\n__ggml_vocab_test__\\n") gives the ids of its line of `.out`, encoded as test-tokenizer-0 does
+   (add_special=False, parse_special=False). The one vocabulary refimpl does not read yet (gemma-4: the
+   SPM-style BPE of the `gemma4` tokenizer model) must be refused with an error that names the model.
+2. Most pre-tokenizer names have no such vocabulary: tests/golden_data/pre_tokenizers.json holds llama.cpp's
+   ids for each (GPT-2's vocabulary with `tokenizer.ggml.pre` set to the name, llama.cpp tokenizing
+   qwen35's test inputs; scripts/gen_pretokenizer_golden.py regenerates it); refimpl must give the same.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import refimpl
+from refimpl import gguf, tokenizer
+from refimpl.tokenizers import PRE_TOKENIZERS
+from refimpl.tokenizers.llama import Tokenizer
+
+from .rpc._vendor import VERSION, sdist
+
+pytestmark = pytest.mark.golden
+
+MODELS = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/models/"
+SEP = "\n__ggml_vocab_test__\n"
+GOLDEN = Path(__file__).parent / "golden_data" / "pre_tokenizers.json"
+WITH_VECTORS = ["bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe",
+                "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"]
+NOT_YET = {"gemma-4": "gemma4"}          # vocabulary -> the tokenizer model named in refimpl's refusal
+
+
+@functools.lru_cache(maxsize=None)
+def _vocab_dir(tmp: str) -> Path:
+    d = Path(tmp)
+    with tarfile.open(sdist()) as tf:
+        for m in tf.getmembers():
+            if m.name.startswith(MODELS + "ggml-vocab-"):
+                (d / Path(m.name).name).write_bytes(tf.extractfile(m).read())
+    return d
+
+
+@pytest.fixture(scope="module")
+def vocabs(tmp_path_factory):
+    return _vocab_dir(str(tmp_path_factory.mktemp("vocabs")))
+
+
+def test_the_vocabularies_with_vectors_are_the_ones_listed(vocabs):
+    have = sorted(p.name[len("ggml-vocab-"):-len(".gguf.inp")] for p in vocabs.glob("ggml-vocab-*.gguf.inp"))
+    assert have == WITH_VECTORS
+
+
+@pytest.mark.parametrize("name", [n for n in WITH_VECTORS if n not in NOT_YET])
+def test_llama_cpp_test_vectors(vocabs, name):
+    path = vocabs / f"ggml-vocab-{name}.gguf"
+    texts = (vocabs / f"{path.name}.inp").read_text(encoding="utf-8").split(SEP)
+    lines = (vocabs / f"{path.name}.out").read_text(encoding="utf-8").split("\n")
+    assert len(lines) >= len(texts) >= 40
+    tok = tokenizer.from_gguf(path)
+    bad = []
+    for text, line in zip(texts, lines):
+        want = [int(x) for x in line.split()]
+        got = tok.encode(text, add_special=False, parse_special=False)
+        if got != want:
+            bad.append(f"{text[:40]!r}: refimpl {got[:16]}, llama.cpp {want[:16]}")
+    assert not bad, f"{name}: {len(bad)} of {len(texts)} inputs differ:\n" + "\n".join(bad[:5])
+
+
+@pytest.mark.parametrize("name", sorted(NOT_YET))
+def test_the_vocabulary_not_read_yet_is_refused_by_name(vocabs, name):
+    with pytest.raises(refimpl.LoadError, match=NOT_YET[name]):
+        tokenizer.from_gguf(vocabs / f"ggml-vocab-{name}.gguf")
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return json.loads(GOLDEN.read_text(encoding="utf-8"))
+
+
+def test_the_golden_file_covers_every_supported_name(golden):
+    assert sorted(golden["ids"]) == sorted(PRE_TOKENIZERS)
+
+
+@pytest.fixture(scope="module")
+def gpt2_metadata(vocabs):
+    return dict(gguf.load(vocabs / "ggml-vocab-gpt-2.gguf").metadata)
+
+
+@pytest.mark.parametrize("name", sorted(PRE_TOKENIZERS))
+def test_every_pre_tokenizer_gives_llama_cpps_ids(golden, gpt2_metadata, name):
+    tok = Tokenizer(dict(gpt2_metadata, **{"tokenizer.ggml.pre": name}))
+    bad = []
+    for text, want in zip(golden["texts"], golden["ids"][name]):
+        got = tok.encode(text, add_special=False, parse_special=False)
+        if got != want:
+            bad.append(f"{text[:40]!r}: refimpl {got[:16]}, llama.cpp {want[:16]}")
+    assert not bad, f"{name}: {len(bad)} of {len(golden['texts'])} inputs differ:\n" + "\n".join(bad[:5])
