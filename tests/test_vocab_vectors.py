@@ -3,8 +3,8 @@
 1. The vocab-only GGUFs that llama.cpp ships with test vectors (`models/ggml-vocab-*.gguf` with `.inp` and
    `.out` in the llama-cpp-python 0.3.36 sdist, which scripts/build_llamacpp.sh downloads): every input (split
    on "\\n__ggml_vocab_test__\\n") gives the ids of its line of `.out`, encoded as test-tokenizer-0 does
-   (add_special=False, parse_special=False). The one vocabulary refimpl does not read yet (gemma-4: the
-   SPM-style BPE of the `gemma4` tokenizer model) must be refused with an error that names the model.
+   (add_special=False, parse_special=False): all fifteen, gemma-4's SPM-style BPE (tokenizer model
+   `gemma4`) included.
 2. Most pre-tokenizer names have no such vocabulary: tests/golden_data/pre_tokenizers.json holds llama.cpp's
    ids for each (GPT-2's vocabulary with `tokenizer.ggml.pre` set to the name, llama.cpp tokenizing
    qwen35's test inputs; scripts/gen_pretokenizer_golden.py regenerates it); refimpl must give the same.
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-import refimpl
 from refimpl import gguf, tokenizer
 from refimpl.tokenizers import PRE_TOKENIZERS
 from refimpl.tokenizers.llama import Tokenizer
@@ -32,7 +31,6 @@ SEP = "\n__ggml_vocab_test__\n"
 GOLDEN = Path(__file__).parent / "golden_data" / "pre_tokenizers.json"
 WITH_VECTORS = ["bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe",
                 "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"]
-NOT_YET = {"gemma-4": "gemma4"}          # vocabulary -> the tokenizer model named in refimpl's refusal
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,7 +53,7 @@ def test_the_vocabularies_with_vectors_are_the_ones_listed(vocabs):
     assert have == WITH_VECTORS
 
 
-@pytest.mark.parametrize("name", [n for n in WITH_VECTORS if n not in NOT_YET])
+@pytest.mark.parametrize("name", WITH_VECTORS)
 def test_llama_cpp_test_vectors(vocabs, name):
     path = vocabs / f"ggml-vocab-{name}.gguf"
     texts = (vocabs / f"{path.name}.inp").read_text(encoding="utf-8").split(SEP)
@@ -69,12 +67,6 @@ def test_llama_cpp_test_vectors(vocabs, name):
         if got != want:
             bad.append(f"{text[:40]!r}: refimpl {got[:16]}, llama.cpp {want[:16]}")
     assert not bad, f"{name}: {len(bad)} of {len(texts)} inputs differ:\n" + "\n".join(bad[:5])
-
-
-@pytest.mark.parametrize("name", sorted(NOT_YET))
-def test_the_vocabulary_not_read_yet_is_refused_by_name(vocabs, name):
-    with pytest.raises(refimpl.LoadError, match=NOT_YET[name]):
-        tokenizer.from_gguf(vocabs / f"ggml-vocab-{name}.gguf")
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,11 @@ What is reproduced from llama.cpp's `llama-vocab.cpp` (`llama_tokenize`, `llama_
     "glm5", "jina-v1-en", "jina-v2-code", "roberta-bpe") and the SPM-style BPE without GPT-2's byte
     alphabet ("gemma4", "sarvam-moe", "whitespace", "granite-embed-multi-311m"); these raise ValueError.
 
+`tokenizer.ggml.model == "gemma4"`: Gemma 4's BPE over raw UTF-8, as llama.cpp runs it. Spaces become U+2581
+    first; the text is split only into runs of line breaks and the text between them; a run of line breaks
+    that is a token is taken whole, everything else is BPE (the GGUF's merges, lowest rank first) whose
+    leftovers become byte tokens `<0xXX>`. Decoding turns U+2581 back into spaces.
+
 `tokenizer.ggml.model == "llama"`: SentencePiece (Llama 1/2, Mistral, TinyLlama, ...).
     Runs llama.cpp's own SPM algorithm (merge the adjacent pair whose concatenation is the
     highest-scoring vocabulary entry, leftmost on ties; a character left that is no token becomes
@@ -228,6 +233,14 @@ class Tokenizer:
             self.merges = list(kv.get("tokenizer.ggml.merges", []))
             defaults = dict(bos=11, eos=11, unk=None, add_bos=self._pre.add_bos, space_prefix=False)
             self._clean_spaces = self._pre.clean_spaces
+        elif self.model == "gemma4":
+            # BPE over raw UTF-8 (no GPT-2 byte alphabet): spaces escaped to U+2581 first, the text split only
+            # at line breaks, byte tokens <0xXX> for what no merge reaches (llama.cpp's "gemma4" tokenizer)
+            self.pre = "gemma4"
+            self._pre = _Pre(("[^\n]+|[\n]+",))
+            self.merges = list(kv.get("tokenizer.ggml.merges", []))
+            defaults = dict(bos=None, eos=None, unk=None, add_bos=False, space_prefix=False)
+            self._clean_spaces = True
         elif self.model == "llama":
             self.pre = "default"
             self._pre = None
@@ -235,7 +248,7 @@ class Tokenizer:
             defaults = dict(bos=1, eos=2, unk=0, add_bos=True, space_prefix=True)
             self._clean_spaces = False
         else:
-            raise ValueError(f"tokenizer model {self.model!r} is not supported (only 'gpt2' and 'llama')")
+            raise ValueError(f"tokenizer model {self.model!r} is not supported (only 'gpt2', 'gemma4' and 'llama')")
 
         def sid(key, default=None):
             v = kv.get(f"tokenizer.ggml.{key}_token_id", default)
@@ -298,7 +311,10 @@ class Tokenizer:
         """
         frags = self._partition(text, parse_special)
         out = [self.bos_id] if add_special and self.add_bos and self.bos_id is not None else []
-        if self.model == "gpt2":
+        if self.model == "gemma4":
+            for f in frags:
+                out.extend(self._gemma4_encode(f) if isinstance(f, str) else [f])
+        elif self.model == "gpt2":
             raw = [f for f in frags if isinstance(f, str)]
             enc = iter(self._bpe_encode_batch(raw)) if raw else iter(())
             for f in frags:
@@ -344,6 +360,18 @@ class Tokenizer:
             frags = new
         return frags
 
+    def _gemma4_encode(self, text: str) -> list[int]:
+        """One raw fragment through llama.cpp's gemma4 BPE: spaces -> U+2581, split into line-break runs and
+        the text between them; a run of line breaks that is a token is that token (llama.cpp takes it
+        whole), the rest goes through BPE."""
+        words = re.findall(r"[^\n]+|\n+", text.replace(" ", "\u2581"))
+        todo = [w for w in words if not (w[0] == "\n" and w in self.token_to_id)]
+        enc = iter(self._bpe_encode_batch(todo)) if todo else iter(())
+        out: list[int] = []
+        for w in words:
+            out.extend([self.token_to_id[w]] if w[0] == "\n" and w in self.token_to_id else next(enc))
+        return out
+
     def _bpe_encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._bpe is None:
             self._bpe = self._build_bpe()
@@ -364,12 +392,14 @@ class Tokenizer:
         # Hugging Face refuses merges whose parts or result are not tokens; llama.cpp could only use
         # such a merge as an intermediate step that byte fallback then undoes. Dropped here.
         merges = [(a, b) for a, b in merges if a in known and b in known and a + b in known]
+        raw_utf8 = self.model == "gemma4"           # words arrive split; byte tokens <0xXX> as the fallback
         model = models.BPE(vocab=vocab, merges=merges, ignore_merges=self._pre.ignore_merges, fuse_unk=False,
-                           byte_fallback=False)
+                           byte_fallback=raw_utf8)
         tok = HFTokenizer(model)
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self._pre.regexes]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        if not raw_utf8:
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self._pre.regexes]
+                + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         return tok
 
     def _spm_encode(self, text: str) -> list[int]:
@@ -450,7 +480,7 @@ class Tokenizer:
             return bytes([CHAR_TO_BYTE[text]]) if text in CHAR_TO_BYTE else raw
         if t != TokenType.NORMAL:
             return b""                                    # UNUSED, UNDEFINED: llama.cpp emits nothing
-        if self.model == "llama":
+        if self.model in ("llama", "gemma4"):
             return raw.replace("\u2581".encode(), b" ")
         return bytes(CHAR_TO_BYTE[c] for c in text) if all(c in CHAR_TO_BYTE for c in text) else raw
 
