@@ -1,11 +1,14 @@
 """Regenerate tests/golden_data/pre_tokenizers.json: llama.cpp's own ids for every pre-tokenizer name refimpl
-supports, on llama.cpp's tokenizer test inputs.
+supports, and for llama.cpp's vocabularies that ship without test vectors, on llama.cpp's tokenizer test inputs.
 
 Most of llama.cpp's pre-tokenizer names have no vocabulary with test vectors in its tree. This gives each one
 an oracle: GPT-2's vocab-only GGUF from llama.cpp's models/ (the llama-cpp-python 0.3.36 sdist that
 scripts/build_llamacpp.sh downloads) with `tokenizer.ggml.pre` set to the name, tokenized by llama.cpp
 (llama-cpp-python, vocab_only, add_special=False, parse_special=False) over the inputs of
-ggml-vocab-qwen35.gguf.inp. Each name runs in its own process: llama.cpp aborts on a name it does not know.
+ggml-vocab-qwen35.gguf.inp. The vocabularies of models/ without `.inp`/`.out` (aquila, baichuan, gpt-neox;
+nomic-bert-moe's UGM model refimpl does not read yet) get llama.cpp's ids on the same inputs, plain and with
+special-token parsing (add_special=True, parse_special=True) on inputs that also hold the vocabulary's own
+control tokens. Each runs in its own process: llama.cpp aborts on a name it does not know.
 
     .venv/bin/python scripts/gen_pretokenizer_golden.py
 """
@@ -31,11 +34,29 @@ def sdist() -> Path:
         f"llama_cpp_python-{VERSION}.tar.gz"
 
 
-def child(path: str) -> None:
+NO_VECTORS = ("aquila", "baichuan", "gpt-neox")
+
+
+def child(path: str, special: bool) -> None:
     import llama_cpp
     texts = json.loads(sys.stdin.read())
     llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
-    print(json.dumps([llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in texts]))
+    print(json.dumps([llm.tokenize(t.encode("utf-8"), add_bos=special, special=special) for t in texts]))
+
+
+def run(path: Path, texts: list[str], special: bool = False) -> list:
+    r = subprocess.run([sys.executable, __file__, "--child", str(path), str(int(special))], input=json.dumps(texts),
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise SystemExit(f"llama.cpp failed on {path.name}: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def special_texts(meta: dict) -> list[str]:
+    """Texts around the vocabulary's first control tokens, so that special-token parsing has work to do."""
+    toks, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type") or []
+    ctl = [t for t, ty in zip(toks, types) if ty == 3 and t][:3]
+    return [f"{c}Hello world{c} and {c}" for c in ctl] + ["".join(ctl) + " plain text " + "".join(ctl)]
 
 
 def main() -> None:
@@ -53,17 +74,24 @@ def main() -> None:
         for name in sorted(PRE_TOKENIZERS):
             p = Path(tmp) / f"{name}.gguf"
             gguf.save(p, dict(meta, **{"tokenizer.ggml.pre": name}), {})
-            r = subprocess.run([sys.executable, __file__, "--child", str(p)], input=json.dumps(texts),
-                               capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                raise SystemExit(f"llama.cpp failed on pre-tokenizer {name!r}: {r.stderr[-2000:]}")
-            ids[name] = json.loads(r.stdout.strip().splitlines()[-1])
+            ids[name] = run(p, texts)
             print(f"{name}: {sum(map(len, ids[name]))} ids", flush=True)
+        vocabs = {}
+        for name in NO_VECTORS:
+            p = Path(tmp) / f"ggml-vocab-{name}.gguf"
+            p.write_bytes(tf.extractfile(MODELS + p.name).read())
+            st = special_texts(gguf.load(p).metadata)
+            vocabs[name] = {"plain": run(p, texts), "special_texts": st, "special": run(p, texts + st, True)}
+            print(f"vocabulary {name}: done", flush=True)
     head = {"source": f"llama.cpp of llama-cpp-python {llama_cpp.__version__}: Llama(vocab_only=True).tokenize("
                       f"text, add_bos=False, special=False) on ggml-vocab-gpt-2.gguf with tokenizer.ggml.pre set",
             "system_info": llama_cpp.llama_print_system_info().decode(), "texts": texts}
     lines = [json.dumps(head, ensure_ascii=False)[:-1] + ', "ids": {']           # one line per name
     lines += [f"{json.dumps(n)}: {json.dumps(v, separators=(',', ':'))}," for n, v in ids.items()]
+    lines[-1] = lines[-1].rstrip(",")
+    lines += ['}, "vocabularies": {']
+    compact = dict(ensure_ascii=False, separators=(",", ":"))
+    lines += [f"{json.dumps(n)}: {json.dumps(v, **compact)}," for n, v in vocabs.items()]
     lines[-1] = lines[-1].rstrip(",")
     OUT.write_text("\n".join(lines) + "\n}}\n", encoding="utf-8")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
@@ -71,6 +99,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2])
+        child(sys.argv[2], sys.argv[3] == "1")
     else:
         main()
