@@ -16,25 +16,39 @@ if [ "$#" -gt 0 ]; then
   if [ "$rc" -eq 5 ]; then echo "no tests were collected: failing" >&2; exit 1; fi
   exit "$rc"
 fi
-# The whole suite. tests/cuda runs in numba's CUDA simulator (one Python thread per CUDA thread: GIL-bound,
-# one core) in a second pytest process beside the rest, so both cores work; its log follows the main one.
-# The simulator process gets one thread of everything; the main one keeps Numba's threads, but BLAS's own
-# threads stay off, so that two processes on two cores do not also run idle-spinning BLAS threads (the splits
-# refimpl makes over its own threads are unaffected). --durations names the slowest tests in the log.
-cuda_log="$(mktemp)"
-NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_NUM_THREADS=1 \
-  .venv/bin/python -m pytest -p no:cacheprovider --durations=15 tests/cuda >"$cuda_log" 2>&1 &
-cuda_pid=$!
-OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 .venv/bin/python -m pytest --durations=40 --ignore=tests/cuda
+# The whole suite in two lanes, one per core. Lane 2: tests/cuda in numba's CUDA simulator (one Python
+# thread per CUDA thread: GIL-bound, one core), then the per-op hypothesis comparison against live ggml
+# (tests/oracle/test_ops.py::test_op_matches_ggml: one forked ggml per example, one core). Lane 1:
+# everything else. Measured on this 2-core machine, one lane alone: tests/cuda ~16 min, the per-op
+# comparison ~21 min at 80 examples an op, the rest ~27 min. Lane 2 gets one thread of everything; lane 1
+# keeps Numba's threads, but BLAS's own threads stay off, so that two processes on two cores do not also
+# run idle-spinning BLAS threads (the splits refimpl makes over its own threads are unaffected).
+# --durations names the slowest tests in the log.
+lane2_log="$(mktemp)"
+(
+  export NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_NUM_THREADS=1
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=15 tests/cuda
+  r1=$?
+  echo
+  echo "================ tests/oracle/test_ops.py::test_op_matches_ggml (lane 2) ================"
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=15 tests/oracle/test_ops.py -k test_op_matches_ggml
+  r2=$?
+  for r in "$r1" "$r2"; do
+    if [ "$r" -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi
+    if [ "$r" -ne 0 ]; then exit "$r"; fi
+  done
+  exit 0
+) >"$lane2_log" 2>&1 &
+lane2_pid=$!
+OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 .venv/bin/python -m pytest --durations=40 --ignore=tests/cuda \
+  --deselect tests/oracle/test_ops.py::test_op_matches_ggml
 rc=$?
-wait "$cuda_pid"
-cuda_rc=$?
+wait "$lane2_pid"
+lane2_rc=$?
 echo
-echo "================ tests/cuda (CUDA kernels in numba's simulator, run beside the rest) ================"
-cat "$cuda_log"
-rm -f "$cuda_log"
-for r in "$rc" "$cuda_rc"; do
-  if [ "$r" -eq 5 ]; then echo "no tests were collected: failing" >&2; exit 1; fi
-done
+echo "================ lane 2: tests/cuda (CUDA kernels in numba's simulator), then test_op_matches_ggml ================"
+cat "$lane2_log"
+rm -f "$lane2_log"
+if [ "$rc" -eq 5 ]; then echo "no tests were collected: failing" >&2; exit 1; fi
 if [ "$rc" -ne 0 ]; then exit "$rc"; fi
-exit "$cuda_rc"
+exit "$lane2_rc"
