@@ -19,9 +19,10 @@ fi
 # The whole suite in two lanes, one per core. Lane 2: tests/cuda in numba's CUDA simulator (one Python
 # thread per CUDA thread: GIL-bound, one core), then the per-op hypothesis comparison against live ggml
 # (tests/oracle/test_ops.py::test_op_matches_ggml: one forked ggml per example, one core). Lane 1:
-# everything else. Measured on this 2-core machine, one lane alone: tests/cuda ~16 min, the per-op
-# comparison ~21 min at 80 examples an op, the rest ~27 min. Lane 2 gets one thread of everything; lane 1
-# keeps Numba's threads, but BLAS's own threads stay off, so that two processes on two cores do not also
+# everything else. Measured on this 2-core machine, both lanes at once: lane 1 29.5 min; lane 2 tests/cuda
+# 14.7 min, then the per-op comparison 6.2 min at 80 examples an op (CI runs 100: ~8 min; inside lane 1's
+# long-lived process the same comparison took ~26 min, its forks of a large parent). Lane 2 gets one
+# thread of everything; lane 1 keeps Numba's threads, but BLAS's own threads stay off, so that two processes on two cores do not also
 # run idle-spinning BLAS threads (the splits refimpl makes over its own threads are unaffected).
 # --durations names the slowest tests in the log.
 lane2_log="$(mktemp)"
@@ -46,7 +47,7 @@ rc=$?
 wait "$lane2_pid"
 lane2_rc=$?
 echo
-echo "================ lane 2: tests/cuda (CUDA kernels in numba's simulator), then test_op_matches_ggml ================"
+echo "================ lane 2: tests/cuda (numba's CUDA simulator), then test_op_matches_ggml ================"
 cat "$lane2_log"
 rm -f "$lane2_log"
 if [ "$rc" -eq 5 ]; then echo "no tests were collected: failing" >&2; exit 1; fi
