@@ -22,8 +22,9 @@ fi
 # everything else. Measured on this 2-core machine, both lanes at once: lane 1 29.5 min; lane 2 tests/cuda
 # 14.7 min, then the per-op comparison 6.2 min at 80 examples an op (CI runs 100: ~8 min; inside lane 1's
 # long-lived process the same comparison took ~26 min, its forks of a large parent). Lane 2 gets one
-# thread of everything; lane 1 keeps Numba's threads, but BLAS's own threads stay off, so that two processes on two cores do not also
-# run idle-spinning BLAS threads (the splits refimpl makes over its own threads are unaffected).
+# thread of everything; lane 1 keeps Numba's threads, but BLAS's own threads stay off, so that two
+# processes on two cores do not also run idle-spinning BLAS threads (the splits refimpl makes over its
+# own threads are unaffected).
 # --durations names the slowest tests in the log.
 lane2_log="$(mktemp)"
 (
