@@ -380,7 +380,7 @@ def _attn_decode(a, b, fast: bool):
     if not a.flags.c_contiguous:
         A, tr = a.transpose(1, 0, 2), True
         if not A.flags.c_contiguous:             # e.g. the first n_kv rows of a longer cache, as ggml views it
-            A, tr = np.ascontiguousarray(a), False
+            A, tr = np.ascontiguousarray(a, np.float32), False           # packed and widened in one copy
     if A.dtype == np.float16:                    # an f16 cache: its values in f32, exactly
         A = A.astype(np.float32)
     out = np.empty((H, m, n), np.float32)

@@ -51,8 +51,8 @@ from ...ops import (add, exp, l2_norm, mul, neg, relu, rwkv_wkv7, scale, sigmoid
 from ...ops import mul_mat
 from .state import RwkvState
 from ..common import device_constant
-from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, vec_f32, broadcast, capture_fn, check_tokens, derived, dims, embed,
-                 group_norm_heads, hparam, layer_norm, lora_t, mat, put, token_shift, vec)
+from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, broadcast, capture_fn, check_tokens, derived, dims, embed,
+                 group_norm_heads, hparam, layer_norm, lora_t, mat, put, token_shift, vec, vec_f32)
 
 DECAY_SCALE = -0.606531       # -exp(-0.5), as llama.cpp writes it
 KK_EPS = 1e-12                # l2_norm eps of kk (F.normalize's default)
