@@ -21,8 +21,9 @@ chain of registration keys tried in order, then the reference body:
 
     exact             exact                  the math ggml defines, f32 with f64 where ggml accumulates in f64
     fast              fast, exact            dot products summed in f32 in whatever order is fastest
-    ggml              llamafile, ggml        ggml-cpu's roundings as llama.cpp builds it (llamafile's tinyBLAS
-                                             for F32/F16 products where that build takes it)
+    ggml              tiled, llamafile,      ggml-cpu's roundings as llama.cpp (ggml 0.25.3) builds it: its
+                      ggml                   tiled K-quant/IQ kernels and llamafile's tinyBLAS for the products
+                                             that build gives them
     ggml-nollamafile  ggml                   ggml-cpu's roundings built without llamafile (ggml-python's build,
                                              refimpl's op-level oracle)
 
@@ -52,10 +53,10 @@ BACKENDS = ("numpy", "numba", "cuda")
 NUMERICS: dict[str, tuple[str, ...]] = {
     "exact": ("exact",),
     "fast": ("fast", "exact"),
-    "ggml": ("llamafile", "ggml"),
+    "ggml": ("tiled", "llamafile", "ggml"),
     "ggml-nollamafile": ("ggml",),
 }
-KEYS = ("exact", "fast", "ggml", "llamafile")
+KEYS = ("exact", "fast", "ggml", "llamafile", "tiled")
 GGML_PROFILES = frozenset(p for p, chain in NUMERICS.items() if "ggml" in chain)
 
 
@@ -91,7 +92,8 @@ OPS: dict[str, OpInfo] = {}
 KERNELS: dict[tuple[Callable, str], Callable] = {}     # (reference function, backend) -> kernel, for non-ops
 # what to import before the first call that needs it: kernels for a backend, emulations for a key
 _MODULES = {"numba": "refimpl.kernels", "cuda": "refimpl.kernels.cuda", "fast": "refimpl.kernels.fast",
-            "ggml": "refimpl.kernels.ggml", "llamafile": "refimpl.kernels.ggml"}
+            "ggml": "refimpl.kernels.ggml", "llamafile": "refimpl.kernels.ggml",
+            "tiled": "refimpl.kernels.ggml"}
 _loaded: set[str] = set()
 
 
