@@ -319,7 +319,7 @@ def prange_ok() -> bool:
     """Whether this thread may enter a prange driver: not in a forked child (GNU OpenMP's threads do not survive
     a fork: a child that used a region its parent had started would hang) and not on one of refimpl's pool
     threads (their caller may hold the OpenMP team already)."""
-    return os.getpid() == _OMP_PID and not threading.current_thread().name.startswith("refimpl-")
+    return os.getpid() == _OMP_PID and not threading.current_thread().name.startswith(_PREFIX)
 
 
 def parallel_ranges(work, n: int, min_items: int) -> None:

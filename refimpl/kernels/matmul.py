@@ -363,6 +363,45 @@ def _decode_2d(a, b, fast: bool):
     return _decode_blocks(tid, W2, nbk, b, np.empty((b.shape[0], n), np.float32), fast)
 
 
+# f16 -> f32 of every bit pattern, as NumPy's astype converts (the reference's conversion): 256 KB
+_F16_VALUES = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+
+@njit(cache=True, nogil=True)
+def _widen_f16(a, lut, out):
+    """out (G, n, k) f32 packed = the f16 values whose bits a (G, n, k) uint16, any strides, holds."""
+    for g in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            for j in range(a.shape[2]):
+                out[g, i, j] = lut[a[g, i, j]]
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _par_widen_f16(a, lut, out, nchunk):
+    """_widen_f16 with a's first axis (the KV heads) split over nchunk threads."""
+    G = a.shape[0]
+    for c in prange(nchunk):
+        _widen_f16(a[G * c // nchunk:G * (c + 1) // nchunk], lut, out[G * c // nchunk:G * (c + 1) // nchunk])
+
+
+WIDEN_PAR_MIN = 1 << 15     # elements per thread at least
+
+
+def _packed_f32(a: np.ndarray) -> np.ndarray:
+    """a (3-D f32 or f16, any strides) as a packed f32 array of its values. An f16 view of llama.cpp's KV
+    cache (the RPC server's attention operands: 256 padded cells, rows apart) widens through a table, split
+    by KV heads, in ~20-40 us where NumPy's f16 astype/ascontiguousarray takes ~100."""
+    if a.dtype == _F16:
+        out = np.empty(a.shape, np.float32)
+        k = _split(a.shape[0], max(1, WIDEN_PAR_MIN // max(1, a.shape[1] * a.shape[2])))
+        if k > 1:
+            _par_widen_f16(a.view(np.uint16), _F16_VALUES, out, k)
+        else:
+            _widen_f16(a.view(np.uint16), _F16_VALUES, out)
+        return out
+    return np.ascontiguousarray(a)
+
+
 def _attn_decode(a, b, fast: bool):
     """Attention's decode products as the models call them -- a (G, n, k) f32 cache side, b (H, m, k) f32
     with m <= DECODE_ROWS, H a multiple of G, b C-contiguous and a either C-contiguous or the (1, 0, 2)
@@ -380,9 +419,9 @@ def _attn_decode(a, b, fast: bool):
     if not a.flags.c_contiguous:
         A, tr = a.transpose(1, 0, 2), True
         if not A.flags.c_contiguous:             # e.g. the first n_kv rows of a longer cache, as ggml views it
-            A, tr = np.ascontiguousarray(a, np.float32), False           # packed and widened in one copy
-    if A.dtype == np.float16:                    # an f16 cache: its values in f32, exactly
-        A = A.astype(np.float32)
+            A, tr = _packed_f32(a), False        # packed (and an f16 cache widened) in one pass
+    if A.dtype == _F16:                          # an f16 cache: its values in f32, exactly
+        A = _packed_f32(A)
     out = np.empty((H, m, n), np.float32)
     split = _split(H, max(1, ATTN_PAR_MIN_MACS // (n * k * m)))
     if fast:
@@ -505,6 +544,11 @@ def mul_mat(a, b) -> np.ndarray:
                 o[...] = res.reshape(o.shape)
                 continue
             bsx = bs.astype(dt, copy=False)
+            if fast and not bsx.flags.c_contiguous:
+                # a permuted b (the RPC server's Q, a view of Qcur) is packed once for the split sgemm below:
+                # np.matmul would run it on OpenBLAS's threads, whose workers then spin ~0.1 s against
+                # refimpl's own (a served 32-token prefill took 2.3x as long)
+                bsx = np.ascontiguousarray(bsx)
             w2 = w.reshape(-1, w.shape[-1]) if tid is not None else None
             rows = max(ref_mm.TILE_ROWS, FAST_TILE // k) if fast else ref_mm.TILE_ROWS
             for lo in range(0, n, rows):

@@ -220,7 +220,7 @@ def get_rows_back(a: np.ndarray, b: np.ndarray, c) -> np.ndarray:
 
 
 @op("set_rows")
-def set_rows(a, b: np.ndarray, c: np.ndarray):
+def set_rows(a, b: np.ndarray, c: np.ndarray, out: np.ndarray | None = None):
     """ggml_set_rows: scatter the rows of b into rows of a, converted to a's type.
 
     a    ne [E, R, n2, n3]   numpy (n3, n2, R, E)   any type with a CPU from_float (f32/f16/bf16/i32 and
@@ -229,7 +229,9 @@ def set_rows(a, b: np.ndarray, c: np.ndarray):
                                                     to f32 first), the new rows (e.g. K of n_tokens new tokens)
     c    ne [n, c2, c3]      numpy (c3, c2, n)      i64 or i32 row indices; n2 % c2 == 0, n3 % c3 == 0
     out  a's shape and type: a copy of a with the rows replaced (ggml writes into a and returns a view of
-         it; refimpl leaves a untouched and returns the new tensor)
+         it; refimpl leaves a untouched and returns the new tensor). Given `out` (an ndarray of a's shape
+         and dtype; `a` itself, as ggml does), a's values are written there (nothing to copy when it is a)
+         and only the indexed rows change; it is returned.
 
         out[i3, i2, c[i3 % c3, i2 % c2, i], :] = from_float(b[i3, i2, i, :])
 
@@ -256,7 +258,14 @@ def set_rows(a, b: np.ndarray, c: np.ndarray):
         fail("set_rows", f"indices must be i64 or i32, got {c.dtype}", a=a, c=c)
     if t not in CPU_FROM_FLOAT:
         fail("set_rows", f"ggml-cpu has no from_float for {_tname(t)}", a=a)
+    if out is not None and not (isinstance(out, np.ndarray) and isinstance(a, np.ndarray)
+                                and out.shape == a.shape and out.dtype == a.dtype and out.flags.writeable):
+        fail("set_rows", "out must be a writeable array of a's shape and dtype", a=a, out=out)
     if b.size == 0:                           # no rows to write: a as it is
+        if out is not None:
+            if out is not a:
+                out[...] = a
+            return out
         return a.copy() if not isinstance(a, QTensor) else QTensor(a.type, np.array(a.data), a.shape)
     if not _rows_contiguous(a) or not _rows_contiguous(b):
         fail("set_rows", "a and b need contiguous rows (nb0 == type size)", a=a, b=b)
@@ -270,16 +279,32 @@ def set_rows(a, b: np.ndarray, c: np.ndarray):
         out = np.array(a.data.reshape(na[3], na[2], R, a.data.shape[-1]), order="C")
         new = rows.data if isinstance(rows, QTensor) else rows.view(np.uint8)
         new = new.reshape(n3, n2, n, out.shape[-1])
+    elif out is not None:
+        given = out
+        if not (out.ctypes.data == a.ctypes.data and out.strides == a.strides):      # not a itself
+            if np.shares_memory(out, a):
+                fail("set_rows", "out overlaps a without being a", a=a, out=out)
+            given[...] = a
+        out = given.reshape(na[3], na[2], R, na[0])       # a view (the caller's array has a's 4-D layout)
+        if not np.shares_memory(out, given):
+            fail("set_rows", "out cannot be viewed with 4 dims", out=given)
+        new = rows
     else:
+        given = None
         out = np.array(a.reshape(na[3], na[2], R, na[0]), order="C")
         new = rows
     for i3 in range(n3):
         for i2 in range(n2):
             r = idx[i3, i2]
+            if len(r) < 2 or bool(np.all(r[1:] > r[:-1])):               # increasing: no index repeats
+                out[i3, i2, r] = new[i3, i2]
+                continue
             last = len(r) - 1 - np.unique(r[::-1], return_index=True)[1]      # the last write wins
             out[i3, i2, r[last]] = new[i3, i2, last]
     if isinstance(a, QTensor):
         return QTensor(a.type, out.reshape(a.data.shape), a.shape)
+    if given is not None:
+        return given
     return out.reshape(a.shape)
 
 

@@ -57,6 +57,9 @@ UNARY_NOT_COMPUTED: dict[str, str] = {}
 GLU_NOT_COMPUTED: dict[str, str] = {}
 
 
+STORED = object()     # a handler's result: it wrote the node's bytes itself (an in-place op)
+
+
 class Unsupported(Exception):
     """The node cannot be computed by refimpl (the server fills it with NaN and logs why)."""
 
@@ -216,7 +219,12 @@ def _get_rows_back(node, s, p):
 
 @_reg("SET_ROWS")
 def _set_rows(node, s, p):
-    # ggml 0.25.3 wires set_rows(a, b, c) as src0 = b (the rows), src1 = c (indices), src2 = a (destination)
+    # ggml 0.25.3 wires set_rows(a, b, c) as src0 = b (the rows), src1 = c (indices), src2 = a (destination).
+    # The node is normally src2's own bytes (a KV cache): then the rows are written there, as ggml does, and
+    # nothing else of the cache is copied (STORED: the server has nothing left to write)
+    if getattr(node, "inplace", False) and isinstance(s[2], np.ndarray) and s[2].flags.writeable:
+        ops.set_rows(s[2], s[0], _rank(s[1], 3), out=s[2])
+        return STORED
     return ops.set_rows(s[2], s[0], _rank(s[1], 3))
 
 

@@ -11,7 +11,10 @@ Each connection has its own buffers (ggml's rpc_server is per connection too); `
 them allocate together. A buffer is a NumPy byte array at a made-up base address; a tensor is a view of it
 built from ggml's `ne`/`nb` (QTensor for block types and BF16). GRAPH_COMPUTE runs each node with the
 refimpl op of the same name (`ggml_ops.OPS`) and writes its value into the node's own bytes, so views,
-views of views and in-place ops read and write the same memory as on ggml's CPU backend.
+views of views and in-place ops read and write the same memory as on ggml's CPU backend. Graphs are computed
+on one thread of the server, one at a time, whichever connection sent them: the kernels split their work
+over all cores themselves, and one computing thread means one set of Numba/OpenMP worker threads, never two
+sets spinning against each other.
 
 The protocol has no error reply, and the client offloads every op. A node refimpl cannot compute is logged
 (op, sub-op, params, shapes in both orders) and filled with NaN, or with `strict=True` the connection is
@@ -21,6 +24,7 @@ match, or a count that cannot fit closes that connection only, before anything i
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import ipaddress
 import json
@@ -87,7 +91,7 @@ class Node:
     """One deserialized rpc_tensor: ggml's fields plus its NumPy shape."""
     __slots__ = ("id", "type", "tname", "blck", "tsize", "buffer", "ne", "nb", "op", "params", "flags", "src",
                  "view_src", "view_offs", "data", "name", "shape", "nbytes", "rview", "wview", "srcs", "sname",
-                 "handler", "skip")
+                 "handler", "skip", "inplace")
 
     @property
     def op_name(self) -> str:
@@ -191,6 +195,7 @@ class Connection:
         n.sname = ggml_ops.sub_op(opn, n.params)
         n.handler = ggml_ops.OPS.get(opn)
         n.skip = opn in ggml_ops.NO_COMPUTE or n.nbytes == 0
+        n.inplace = False                   # the node is its src2's bytes (set in _graph_compute)
         b = self.buffers.get(int(row["buffer"]))
         n.buffer = b
         if b is not None:
@@ -276,8 +281,7 @@ class Connection:
         v = value.dequantize() if isinstance(value, QTensor) else np.asarray(value)
         if v.size != dst.size:
             raise ggml_ops.Unsupported(f"result has {v.size} elements (numpy {v.shape}), the node {dst.size}")
-        with np.errstate(all="ignore"):
-            dst[...] = v.reshape(dst.shape)
+        dst[...] = v.reshape(dst.shape)         # under _run_graph's np.errstate(all="ignore")
 
     def _fill_nan(self, n: Node) -> None:
         """n's own elements (never the gaps of a strided view) set to NaN: f32/f16/f64 NaN, bf16 0x7FC0, block
@@ -298,6 +302,10 @@ class Connection:
 
     # -- graphs ----------------------------------------------------------------------------------------------
     def _compute(self, nodes: list[Node], tensors: dict[int, Node]) -> None:
+        """Compute a graph on the server's computing thread (module docstring) and wait for it."""
+        self.server.compute_thread().submit(self._run_graph, nodes, tensors).result()
+
+    def _run_graph(self, nodes: list[Node], tensors: dict[int, Node]) -> None:
         srv = self.server
         # forward_scope: what the backend does around a model's pass (numba: its thread count read once, not
         # once per kernel call -- hundreds of calls a token); a graph's batch size is not known here
@@ -318,7 +326,8 @@ class Connection:
                         if all(s == 0 or tensors[s].rview is not None for s in n.src):
                             n.srcs = srcs
                     value = handler(n, srcs, n.params)
-                    self._store(n, value)
+                    if value is not ggml_ops.STORED:
+                        self._store(n, value)
                 except Refused:
                     raise
                 except Exception as e:                      # noqa: BLE001 -- any failure refuses this node only
@@ -388,6 +397,9 @@ class Connection:
             for s in nd.src + [nd.view_src]:
                 if s and s not in tensors:
                     raise ProtocolError(f"tensor {nd.describe()} names source id 0x{s:x} that the graph lacks")
+            d = tensors.get(nd.src[2]) if nd.src[2] else None
+            nd.inplace = bool(d is not None and d.buffer is nd.buffer and d.data == nd.data and d.type == nd.type
+                              and d.ne == nd.ne and d.nb == nd.nb)
         nodes = []
         for i in ids.tolist():
             if i == 0:
@@ -603,6 +615,16 @@ class Server:
         self.connections: set[Connection] = set()
         self.finished: list[Connection] = []      # closed connections, with their counts (for tests and stats)
         self._lock = threading.Lock()
+        self._computer: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+
+    def compute_thread(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread that computes every graph (made on first use, and again in a forked child, where
+        the parent's thread does not exist)."""
+        with self._lock:
+            if self._computer is None or self._computer[0] != os.getpid():
+                self._computer = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="refimpl-rpc-compute"))
+            return self._computer[1]
 
     @staticmethod
     def is_loopback(host: str) -> bool:
@@ -678,6 +700,10 @@ class Server:
         deadline = time.monotonic() + 5
         while self.connections and time.monotonic() < deadline:
             time.sleep(0.01)
+        with self._lock:
+            computer, self._computer = self._computer, None
+        if computer is not None and computer[0] == os.getpid():
+            computer[1].shutdown(wait=False)
 
     def __enter__(self):
         return self.start()

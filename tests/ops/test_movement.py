@@ -162,6 +162,33 @@ def test_set_rows_tiles_indices_and_last_write_wins():
 
 
 @given(st.data())
+def test_set_rows_into_a_itself_is_the_returned_copy(data):
+    """out=a (ggml's in-place write, the RPC server's KV cache, a strided f16 view included): the same values
+    as the copy set_rows returns, written into a, a returned; out=another array gets a's values first."""
+    R, n, E = data.draw(st.integers(1, 8)), data.draw(st.integers(1, 8)), data.draw(st.integers(1, 9))
+    n = min(n, R)
+    big = _arr(data.draw, (2 * R, E + 3)).astype(data.draw(st.sampled_from([np.float32, np.float16])))
+    a = big[::2, 1:E + 1]                                   # rows apart, as a view of a longer cache
+    b = _arr(data.draw, (n, E))
+    idx = np.random.default_rng(data.draw(st.integers(0, 99))).integers(0, R, n).astype(np.int64)
+    want = set_rows(a, b, idx)
+    other = np.full(a.shape, 9, a.dtype)
+    assert set_rows(a, b, idx, out=other) is other
+    assert_bits_equal(other, want)
+    before = big.copy()
+    assert set_rows(a, b, idx, out=a) is a
+    assert_bits_equal(a, want)
+    outside = np.ones(big.shape, bool)
+    outside[::2, 1:E + 1] = False
+    assert_bits_equal(big[outside], before[outside])       # nothing else of the cache is written
+    with pytest.raises(GGMLShapeError):                    # not a's shape
+        set_rows(a, b, idx, out=np.zeros((R + 1, E), a.dtype))
+    if E > 1:
+        with pytest.raises(GGMLShapeError):                # overlapping a without being a
+            set_rows(a, b, idx, out=big[::2, 0:E])
+
+
+@given(st.data())
 def test_get_rows_back_is_the_adjoint_of_get_rows(data):
     R, n, E = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8)), data.draw(st.integers(1, 9))
     x = _arr(data.draw, (R, E), ints=True)
