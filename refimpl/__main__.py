@@ -268,17 +268,30 @@ def _generate_llama(args) -> int:
     steps = min(steps, n_ctx - len(ids))
     sampler = _sampler(args)
     t0 = time.perf_counter()
-    n = [0]
+    n, first = [0], [t0]
+
+    def counted(t):
+        n[0] += 1
+        if n[0] == 1:
+            first[0] = time.perf_counter()
     if not args.chat_format:
         print(args.prompt, end="", flush=True)
-    for piece in llama.generate(m, ids, steps, sampler, cache=llama.new_cache(m, n_ctx),
-                                on_token=lambda t: n.__setitem__(0, n[0] + 1)):
+    for piece in llama.generate(m, ids, steps, sampler, cache=llama.new_cache(m, n_ctx), on_token=counted):
         if not prompt and n[0] == 1 and _llama2c_path(args):
             piece = piece[1:] if piece.startswith(" ") else piece   # run.c: the piece after BOS drops a space
         print(piece, end="", flush=True)
-    dt = time.perf_counter() - t0
-    print(f"\n[{n[0]} tokens in {dt:.1f} s, {n[0] / dt:.2f} tok/s; {_run_label(args)}]", file=sys.stderr)
+    end = time.perf_counter()
+    print(f"\n[{_speed_line(len(ids), n[0], first[0] - t0, end - first[0])}; {_run_label(args)}]", file=sys.stderr)
     return 0
+
+
+def _speed_line(n_prompt: int, n_gen: int, first_s: float, rest_s: float) -> str:
+    """The stats line's timings, as llama.cpp splits them: the prompt up to the first new token (on a fresh
+    install this includes compiling the kernels on first use), then the decode rate of the tokens after it."""
+    line = f"{n_gen} tokens: prompt ({n_prompt} tokens) to the first in {first_s:.2f} s"
+    if n_gen > 1 and rest_s > 0:
+        line += f", the next {n_gen - 1} in {rest_s:.2f} s, {(n_gen - 1) / rest_s:.1f} tok/s"
+    return line
 
 
 def _cmd_chat(args) -> int:
