@@ -3,7 +3,9 @@ SmolLM2-135M Q4_1 and the real Gemma 3 270M Q4_K_M to refimpl's RPC server: no P
 refimpl's side (refimpl has no Gemma model at all), only the graph llama.cpp sends.
 
 - exact numerics: teacher-forced top-1 agreement with llama.cpp on its CPU backend over 32 greedy tokens
-  on each of 8 prompts, pooled >= 97 %;
+  on each of 8 prompts, pooled >= 97 %: llama.cpp's greedy tokens, and its CPU run of the same teacher-forced
+  batch as the reference for each position (llama.cpp itself, run in one batch, agrees with its own
+  token-by-token decode on 252 of Gemma 3's 256 positions and 253 of SmolLM2's: the batch takes other kernels);
 - ggml numerics: the logits are the same bits as the same graph on ggml's own RPC server (ggml-rpc-server
   of the same llama.cpp, CPU backend, one thread: ggml-cpu at 2 threads is not run-to-run deterministic on
   every architecture)."""
@@ -36,12 +38,12 @@ N_GREEDY = 32
 BIT_PROMPTS = {"smollm2": 3, "gemma3": 3}     # prompts checked bit for bit in ggml numerics (slow in NumPy)
 # each over the prompt and the 31 teacher-forced tokens after it: Gemma 3's Q4_K products over >= 8 rows take
 # ggml 0.25.3's tiled kernels (refimpl.kernels.ggml.tiled, the "tiled" key of the ggml profile)
-# Pooled teacher-forced top-1 bar in exact numerics. Exact mode sums the weight products in f64 on f32
-# activations; llama.cpp first rounds the activations to Q8_1 / Q8_K blocks (NMSE 1-4e-5 a product), and
-# near-ties then flip. SmolLM2 meets the issue's 97 %; Gemma 3 measures 96.5 % (247/256, the 9 misses on
-# 5 prompts), with ggml numerics bit-identical to ggml's own server (the test below), so the gap is that
-# rounding, not the graph: its bar is the 95 % that refimpl's own models are held to.
-BAR = {"smollm2": 0.97, "gemma3": 0.95}
+# Pooled teacher-forced top-1 bar in exact numerics, against llama.cpp's CPU run of the same batch. Exact mode
+# sums the weight products in f64 on f32 activations; llama.cpp first rounds the activations to Q8_1 / Q8_K
+# blocks (NMSE 1-4e-5 a product), and near-ties then flip: measured SmolLM2 98 %+, Gemma 3 251/256 = 98.0 %
+# (against llama.cpp's token-by-token logits 247/256: 4 of those 9 misses are llama.cpp's own batch-vs-decode
+# flips, which ggml numerics reproduces bit for bit).
+BAR = {"smollm2": 0.97, "gemma3": 0.97}
 
 
 def _model_path(name):
@@ -69,21 +71,32 @@ def references(model):
     return [run_llama_cpp(path, ids, capture=False, greedy=N_GREEDY, n_threads=2) for ids in prompts]
 
 
-def test_exact_numerics_agree_with_llama_cpp(model, references):
+@pytest.fixture(scope="module")
+def batch_references(model, references):
+    """llama.cpp's CPU logits for each prompt + its greedy tokens in one batch (the graph the offloaded run
+    computes): the argmax at each of the 32 positions."""
+    _, path, _, prompts = model
+    return [run_llama_cpp(path, ids + ref.generated[:-1], capture=False, n_threads=2).logits[len(ids) - 1:]
+            .argmax(-1) for ids, ref in zip(prompts, references)]
+
+
+def test_exact_numerics_agree_with_llama_cpp(model, references, batch_references):
     name, path, texts, prompts = model
-    rows, hits, total = [], 0, 0
+    rows, hits, greedy_hits, total = [], 0, 0, 0
     with Server("127.0.0.1", 0, backend="numpy", numerics="exact") as srv:
-        for text, ids, ref in zip(texts, prompts, references):
+        for text, ids, ref, cpu in zip(texts, prompts, references, batch_references):
             tf = ids + ref.generated[:-1]
             got = run_llama_cpp(path, tf, capture=False, rpc=f"127.0.0.1:{srv.port}")
             pred = got.logits[len(ids) - 1:].argmax(-1)
-            agree = int((pred == np.array(ref.generated)).sum())
+            agree = int((pred == cpu).sum())
             hits, total = hits + agree, total + N_GREEDY
+            greedy_hits += int((pred == np.array(ref.generated)).sum())
             d = float(np.abs(got.logits[len(ids) - 1] - ref.logits[0]).max())
             rows.append(f"  {text[:40]!r:44} {agree:2d}/{N_GREEDY}  last-position logits max|d| {d:.4f}")
         time.sleep(0.2)
         refused = sum(sum(c.refused.values()) for c in srv.finished)
-    print(f"\n{name} offloaded to refimpl (exact): {hits}/{total} = {hits / total:.1%} teacher-forced top-1")
+    print(f"\n{name} offloaded to refimpl (exact): {hits}/{total} = {hits / total:.1%} teacher-forced top-1 "
+          f"(llama.cpp's token-by-token greedy tokens: {greedy_hits}/{total})")
     print("\n".join(rows))
     assert refused == 0
     assert hits / total >= BAR[name]
