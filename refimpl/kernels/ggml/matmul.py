@@ -593,6 +593,36 @@ def _iq_grid_dot(fields, blk, blk_a):
     return (factor * hsum_b(acc)).T
 
 
+def _iq1_s(blk):
+    """block_iq1_s: d f16 | qs[32] | qh 8 x u16. Grid levels (-1, 0, 1) of
+    iq1s_grid[qs[4g + l] | (((qh[g] >> 3l) & 7) << 8)] (n, nb, 8, 4, 8); the delta sign (qh[g] bit 15 ? -1 : 1)
+    and the scale ls = 2*((qh[g] >> 12) & 7) + 1 per group g (n, nb, 8); d (n, nb)."""
+    n, nb = blk.shape[:2]
+    qh = np.ascontiguousarray(blk[..., 34:50]).view("<u2").reshape(n, nb, 8).astype(np.int32)
+    idx = blk[..., 2:34].reshape(n, nb, 8, 4).astype(np.int32) | (((qh[..., None] >> (3 * _L4)) & 7) << 8)
+    grid = np.asarray(TABLES["iq1s"], np.int32)[idx]
+    return grid, np.where(qh & 0x8000, -1, 1), 2 * ((qh >> 12) & 7) + 1, _f16(blk, 0)
+
+
+def _iq1_m(blk):
+    """block_iq1_m: qs[32] | qh[16] | scales 4 x u16 (d f16 spread over their top nibbles). Grid levels of
+    iq1s_grid[qs[4g + l] | ((qh[2g + l/2] << (8, 4)[l%2]) & 0x700)] (n, nb, 8, 4, 8); deltas -1 where bit 3
+    (even l) / 7 (odd l) of qh[2g + l/2] is set, else +1, and the 3-bit scale
+    2*((s[g/2] >> (6(g%2) + 3(l >= 2))) & 7) + 1, both per 8 elements (n, nb, 8, 4); d (n, nb)."""
+    n, nb = blk.shape[:2]
+    s = np.ascontiguousarray(blk[..., 48:56]).view("<u2").reshape(n, nb, 4).astype(np.int32)
+    dbits = ((s[..., 0] >> 12) | ((s[..., 1] >> 8) & 0xF0) | ((s[..., 2] >> 4) & 0xF00) | (s[..., 3] & 0xF000))
+    d = f16_to_f32(dbits.astype("<u2").view("<f2"))
+    qs = blk[..., 0:32].reshape(n, nb, 8, 4).astype(np.int32)
+    qh = blk[..., 32:48].reshape(n, nb, 8, 2).astype(np.int32)[..., [0, 0, 1, 1]]
+    idx = qs | ((qh << np.array([8, 4, 8, 4])) & 0x700)
+    grid = np.asarray(TABLES["iq1s"], np.int32)[idx]
+    delta = np.where(qh & np.array([0x08, 0x80, 0x08, 0x80]), -1, 1)
+    sg = s[..., np.arange(8) // 2]                                                 # (n, nb, 8)
+    sh = (6 * (np.arange(8) % 2))[:, None] + 3 * (_L4 >= 2)[None, :]               # (8, 4)
+    return grid, delta, 2 * ((sg[..., None] >> sh) & 7) + 1, d
+
+
 def _iq1_s_dot(blk, blk_a):
     """ggml_vec_dot_iq1_s_q8_K: block_iq1_s d f16 | qs[32] | qh 8 x u16. Grid levels (-1, 0, 1) of
     iq1s_grid[qs[4g + l] | (((qh[g] >> 3l) & 7) << 8)] times ls = 2*((qh[g] >> 12) & 7) + 1, signed byte
@@ -600,19 +630,17 @@ def _iq1_s_dot(blk, blk_a):
     accum1 = fma(d, sumi1, accum1), sumi1 = sum_g (bsum_2g + bsum_2g+1) * (qh[g] bit 15 ? -1 : 1) * ls;
     result hsum_float_8(acc) + 0.125*accum1."""
     n, nb = blk.shape[:2]
-    qh = np.ascontiguousarray(blk[..., 34:50]).view("<u2").reshape(n, nb, 8).astype(np.int32)
-    idx = blk[..., 2:34].reshape(n, nb, 8, 4).astype(np.int32) | (((qh[..., None] >> (3 * _L4)) & 7) << 8)
-    x = np.asarray(TABLES["iq1s"], np.int32)[idx].reshape(n, -1)
-    ls = 2 * ((qh >> 12) & 7) + 1                                                  # (n, nb, 8)
+    grid, sign, ls, dx = _iq1_s(blk)
+    x = grid.reshape(n, -1)
     sc = np.repeat(ls.reshape(n, -1), 32, axis=1)
     dy, a, bsums = _q8_K(blk_a)
     quirk = sign_quirk(x, a)
     if quirk is not None:
         quirk = (quirk[0] * sc, quirk[1])
-    wdelta = (np.where(qh & 0x8000, -1, 1) * ls).astype(np.float64)               # (n, nb, 8)
+    wdelta = (sign * ls).astype(np.float64)                                        # (n, nb, 8)
     B = bsums.reshape(bsums.shape[:2] + (8, 2)).sum(-1).astype(np.float64)        # (m, nb, 8)
     S1 = np.einsum("nbg,mbg->bnm", wdelta, B).astype(f32)
-    D = _outer(_f16(blk, 0), dy)
+    D = _outer(dx, dy)
     acc = np.zeros((8,) + D.shape[1:], f32)
     acc1 = np.zeros(D.shape[1:], f32)
     for b, L in _lane_steps(x * sc, a, 256, quirk):
@@ -628,17 +656,7 @@ def _iq1_m_dot(blk, blk_a):
     2*((s[g/2] >> (6(g%2) + 3(l >= 2))) & 7) + 1; two 8-lane accumulators acc1 (levels), acc2 (deltas), both
     fma(fl(d_y*d), lanes, .); result hsum_float_8(acc1) + 0.125*hsum_float_8(acc2)."""
     n, nb = blk.shape[:2]
-    s = np.ascontiguousarray(blk[..., 48:56]).view("<u2").reshape(n, nb, 4).astype(np.int32)
-    dbits = ((s[..., 0] >> 12) | ((s[..., 1] >> 8) & 0xF0) | ((s[..., 2] >> 4) & 0xF00) | (s[..., 3] & 0xF000))
-    d = f16_to_f32(dbits.astype("<u2").view("<f2"))
-    qs = blk[..., 0:32].reshape(n, nb, 8, 4).astype(np.int32)
-    qh = blk[..., 32:48].reshape(n, nb, 8, 2).astype(np.int32)[..., [0, 0, 1, 1]]
-    idx = qs | ((qh << np.array([8, 4, 8, 4])) & 0x700)
-    x = np.asarray(TABLES["iq1s"], np.int32)[idx]                                  # (n, nb, 8, 4, 8)
-    delta = np.where(qh & np.array([0x08, 0x80, 0x08, 0x80]), -1, 1)                # (n, nb, 8, 4)
-    sg = s[..., np.arange(8) // 2]                                                 # (n, nb, 8)
-    sh = (6 * (np.arange(8) % 2))[:, None] + 3 * (_L4 >= 2)[None, :]               # (8, 4)
-    sc = 2 * ((sg[..., None] >> sh) & 7) + 1                                       # (n, nb, 8, 4)
+    x, delta, sc, d = _iq1_m(blk)                                                # (n, nb, 8, 4, 8), (n, nb, 8, 4)
     sc8 = np.broadcast_to(sc[..., None], x.shape).reshape(n, -1)
     x = x.reshape(n, -1)
     dl = np.broadcast_to(delta[..., None], (n, nb, 8, 4, 8)).reshape(n, -1)

@@ -93,36 +93,19 @@ def _grid(fields):
 def _iq1_s(blk):
     """block_iq1_s: levels 8*grid + delta (delta -1 where bit 15 of qh[g] is set, else +1), scale 2*((qh >> 12) & 7)
     + 1 per 32, tile d = d/8 (tiled_unpack_src0 for block_iq1_s)."""
-    from ...quants.iq_tables import TABLES
+    grid, sign, ls, d = _mm._iq1_s(blk)
     n, nb = blk.shape[:2]
-    qh = np.ascontiguousarray(blk[..., 34:50]).view("<u2").reshape(n, nb, 8).astype(np.int32)
-    idx = blk[..., 2:34].reshape(n, nb, 8, 4).astype(np.int32) | (((qh[..., None] >> (3 * np.arange(4))) & 7) << 8)
-    grid = np.asarray(TABLES["iq1s"], np.int32)[idx]                                # (n, nb, 8, 4, 8)
-    delta = np.where(qh & 0x8000, -1, 1)[..., None, None]
-    w = (8 * grid + delta).reshape(n, nb, 256)
-    sc = _per_element(2 * ((qh >> 12) & 7) + 1, 32)
-    return w, sc, None, 32, _mm._f16(blk, 0) * f32(0.125), None
+    w = (8 * grid + sign[..., None, None]).reshape(n, nb, 256)
+    return w, _per_element(ls, 32), None, 32, d * f32(0.125), None
 
 
 def _iq1_m(blk):
-    """block_iq1_m: levels 8*grid + delta (per 8 elements), 3-bit odd scale per 16, the f16 d spread over the
-    scales' top nibbles; tile d = d/8."""
-    from ...quants.iq_tables import TABLES
-    from ...rounding import f16_to_f32
+    """block_iq1_m: levels 8*grid + delta (per 8 elements), 3-bit odd scale per 16 (the kernel reads one per 16:
+    the per-8 scales of matmul._iq1_m pair up), tile d = d/8."""
+    grid, delta, sc, d = _mm._iq1_m(blk)
     n, nb = blk.shape[:2]
-    s = np.ascontiguousarray(blk[..., 48:56]).view("<u2").reshape(n, nb, 4).astype(np.int32)
-    dbits = ((s[..., 0] >> 12) | ((s[..., 1] >> 8) & 0xF0) | ((s[..., 2] >> 4) & 0xF00) | (s[..., 3] & 0xF000))
-    d = f16_to_f32(dbits.astype("<u2").view("<f2"))
-    qs = blk[..., 0:32].reshape(n, nb, 8, 4).astype(np.int32)
-    qh = blk[..., 32:48].reshape(n, nb, 8, 2).astype(np.int32)[..., [0, 0, 1, 1]]
-    idx = qs | ((qh << np.array([8, 4, 8, 4])) & 0x700)
-    grid = np.asarray(TABLES["iq1s"], np.int32)[idx]                                # (n, nb, 8, 4, 8)
-    delta = np.where(qh & np.array([0x08, 0x80, 0x08, 0x80]), -1, 1)[..., None]
-    w = (8 * grid + delta).reshape(n, nb, 256)
-    sg = s[..., np.arange(8) // 2]                                                 # (n, nb, 8)
-    sh = (6 * (np.arange(8) % 2))[:, None] + 3 * np.arange(2)[None, :]             # (8, 2): per 16
-    sc = _per_element((2 * ((sg[..., None] >> sh) & 7) + 1).reshape(n, nb, 16), 16)
-    return w, sc, None, 16, d * f32(0.125), None
+    w = (8 * grid + delta[..., None]).reshape(n, nb, 256)
+    return w, _per_element(sc.reshape(n, nb, 32), 8), None, 16, d * f32(0.125), None
 
 
 # type -> field reader: (w (n, nblk, 256) signed levels, sc (n, nblk, 256) per-element integer scales,
