@@ -744,12 +744,14 @@ def _dots(ta: GGMLType, w, y) -> np.ndarray:
     return out
 
 
-def mul_mat(a, b) -> np.ndarray:
+def mul_mat(a, b, dots=None) -> np.ndarray:
     """ggml-cpu's mul_mat for any weight type in QUANT_DOTS or F32/F16/BF16 (shapes checked by the caller,
-    refimpl.ops.matmul.mul_mat): same shapes and broadcast as exact mode, every element bit-exact."""
+    refimpl.ops.matmul.mul_mat): same shapes and broadcast as exact mode, every element bit-exact. `dots`
+    (default `_dots`) multiplies one 2-D weight slice by its activation rows (tiled.py passes its kernels')."""
     from ...ops.matmul import ggml_type
     from ...shapes import ne4
     ta = ggml_type(a)
+    dots = _dots if dots is None else dots
     na, nb = ne4(a.shape), ne4(b.shape)
     b = _convert(b, VEC_DOT_TYPE[ta])
     a4 = a.reshape(na[::-1])
@@ -759,20 +761,22 @@ def mul_mat(a, b) -> np.ndarray:
     for i3 in range(na[3]):
         for i2 in range(na[2]):
             ys = b4[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]                  # (r3, r2, m, k)
-            res = _dots(ta, a4[i3, i2], ys.reshape((-1, nb[0])))
+            res = dots(ta, a4[i3, i2], ys.reshape((-1, nb[0])))
             out[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2] = res.reshape(r3, r2, nb[1], na[1])
     nd = max(len(b.shape), 2)
     return out.reshape(out.shape[4 - nd:])
 
 
-def mul_mat_id(as_, b, ids) -> np.ndarray:
+def mul_mat_id(as_, b, ids, dots=None) -> np.ndarray:
     """ggml-cpu's mul_mat_id (shapes and ids checked by the caller, refimpl.ops.matmul.mul_mat_id): b's rows
     converted to the vec_dot_type as in mul_mat, then every (token, slot) row dotted with the rows of its
     expert by the same vec_dot; bit-exact like mul_mat.
 
-    as_ (n_expert, n, k), b (n_tokens, n_b, k), ids (n_tokens, n_used) i32 -> (n_tokens, n_used, n) f32."""
+    as_ (n_expert, n, k), b (n_tokens, n_b, k), ids (n_tokens, n_used) i32 -> (n_tokens, n_used, n) f32.
+    `dots` (default `_dots`) multiplies one expert's weights by its routed rows (tiled.py passes its own)."""
     from ...ops.matmul import ggml_type
     ta = ggml_type(as_)
+    dots = _dots if dots is None else dots
     n_expert, n, k = as_.shape[-3:]
     n_tok, n_used = ids.shape[-2], ids.shape[-1]
     b3 = _convert(b, VEC_DOT_TYPE[ta]).reshape((n_tok, -1, k))
@@ -783,7 +787,7 @@ def mul_mat_id(as_, b, ids) -> np.ndarray:
     for x in np.unique(ids2):
         t, e = np.nonzero(ids2 == x)
         rows = b3[t, slot[e]] if not isinstance(b3, QTensor) else _take_rows(b3, t, slot[e])
-        out[t, e] = _dots(ta, w3[int(x)], rows)
+        out[t, e] = dots(ta, w3[int(x)], rows)
     return out
 
 

@@ -35,7 +35,6 @@ import numpy as np
 
 from ...qtensor import QTensor
 from ...rounding import fma32
-from ...shapes import ne4
 from ...types import GGMLType, type_traits
 from . import matmul as _mm
 from .vecdot import sign_quirk
@@ -177,20 +176,7 @@ def mul_mat(a, b):
     key of the "ggml" profile; NotImplemented elsewhere (llamafile's, then vec_dot's emulation run)."""
     if not takes_tiled(a, b):
         return NotImplemented
-    t = GGMLType(a.type)
-    na, nb = ne4(a.shape), ne4(b.shape)
-    y = _mm._convert(b, GGMLType.Q8_K)
-    a4 = a.reshape(na[::-1])
-    b4 = y.reshape(nb[::-1])
-    r2, r3 = nb[2] // na[2], nb[3] // na[3]
-    out = np.empty((nb[3], nb[2], nb[1], na[1]), f32)
-    for i3 in range(na[3]):
-        for i2 in range(na[2]):
-            ys = b4[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]
-            res = _dots(t, a4[i3, i2], ys.reshape((-1, nb[0])))
-            out[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2] = res.reshape(r3, r2, nb[1], na[1])
-    nd = max(len(b.shape), 2)
-    return out.reshape(out.shape[4 - nd:])
+    return _mm.mul_mat(a, b, dots=_dots)          # b to Q8_K (the same vec_dot_type), ggml's broadcast
 
 
 def mul_mat_id(as_, b, ids):
@@ -200,23 +186,13 @@ def mul_mat_id(as_, b, ids):
     as_ (n_expert, n, k), b (n_tokens, n_b, k), ids (n_tokens, n_used) i32 -> (n_tokens, n_used, n) f32."""
     if not (isinstance(as_, QTensor) and GGMLType(as_.type) in TILED):
         return NotImplemented
-    t = GGMLType(as_.type)
-    n_expert, n, k = as_.shape[-3:]
     n_tok, n_used = ids.shape[-2], ids.shape[-1]
-    ids2 = np.asarray(ids).reshape(n_tok, n_used)
-    _, counts = np.unique(ids2, return_counts=True)
+    _, counts = np.unique(np.asarray(ids).reshape(n_tok, n_used), return_counts=True)
     if counts.max(initial=0) < MIN_ROWS:
         return NotImplemented                                   # every expert takes vec_dot
-    b3 = _mm._convert(b, GGMLType.Q8_K).reshape((n_tok, -1, k))
-    slot = np.arange(n_used) % b3.shape[1]
-    w3 = as_.reshape((n_expert, n, k))
-    out = np.empty((n_tok, n_used, n), f32)
-    for x in np.unique(ids2):
-        tt, e = np.nonzero(ids2 == x)
-        rows = _mm._take_rows(b3, tt, slot[e])
-        out[tt, e] = (_dots if len(tt) >= MIN_ROWS else _vec_dots)(t, w3[int(x)], rows)
-    return out
+    return _mm.mul_mat_id(as_, b, ids, dots=_expert_dots)
 
 
-def _vec_dots(t, w, rows):
-    return _mm._dots(t, w, rows)
+def _expert_dots(t, w, rows):
+    """One expert: the tiled kernels for >= MIN_ROWS routed rows, else vec_dot."""
+    return (_dots if rows.shape[0] >= MIN_ROWS else _mm._dots)(t, w, rows)
