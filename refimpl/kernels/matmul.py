@@ -254,46 +254,40 @@ def _gemv_f32(W, B, out, lo, hi):
 
 
 @njit(inline="always")
-def _attn_shapes(A, B, out, h0, h1, tr):
-    """(G, n, k, m, r) of an attention product, A (G, n, k) -- or with tr, the same rows stored (n, G, k), as
-    the KV cache holds them -- B (H, m, k), out (H, m, n), heads h0..h1-1, after checking them (the f32
-    kernel's IR reads flat addresses)."""
-    if tr:
-        n, G, k = A.shape
-    else:
-        G, n, k = A.shape
+def _attn_shapes(A, sG, sN, G, n, k, B, out, h0, h1):
+    """(m, r) of an attention product -- A's rows (G, n, k) at flat offsets g * sG + i * sN of A (1-D), B
+    (H, m, k), out (H, m, n), heads h0..h1-1 -- after checking them (the vector dots read flat addresses)."""
     H, m = B.shape[0], B.shape[1]
-    if (G == 0 or H % G != 0 or B.shape[2] != k or out.shape[0] != H or out.shape[1] != m
-            or out.shape[2] != n or h0 < 0 or h1 > H):
+    if (G <= 0 or n <= 0 or k <= 0 or H % G != 0 or B.shape[2] != k or out.shape[0] != H or out.shape[1] != m
+            or out.shape[2] != n or h0 < 0 or h1 > H or sG < 0 or sN < 0
+            or (G - 1) * sG + (n - 1) * sN + k > A.shape[0]):
         raise ValueError("mul_mat attention kernel: operand shapes do not match")
-    return G, n, k, m, H // G
+    return m, H // G
 
 
 @njit(cache=True, nogil=True)
-def _attn_exact(A, B, out, h0, h1, tr):
+def _attn_exact(A, sG, sN, G, n, k, B, out, h0, h1):
     """Attention's decode products for heads h0..h1-1: out[h, j, i] = f32(Σ f64 A[h // r, i] * B[h, j]),
-    A (G, n, k) f32 (the cache side; with tr stored (n, G, k)), B (H, m, k) f64, out (H, m, n), r = H // G
-    (ggml's broadcast of the weight batch); `simd.vdot64_f32`, `_dot_f64`'s lanes and order, so the bits of
-    the per-batch path."""
-    G, n, k, m, r = _attn_shapes(A, B, out, h0, h1, tr)
+    A's (G, n, k) rows at flat offsets g * sG + i * sN of A (f32, or uint16 f16 bits widened exactly: the
+    cache side, read where it is), B (H, m, k) f64, out (H, m, n), r = H // G (ggml's broadcast of the
+    weight batch); `simd.vdot64_f32`, `_dot_f64`'s lanes and order, so the bits of the per-batch path."""
+    m, r = _attn_shapes(A, sG, sN, G, n, k, B, out, h0, h1)
     for h in range(h0, h1):
         g = h // r
         for j in range(m):
             for i in range(n):
-                a0 = (i * G + g) * k if tr else (g * n + i) * k
-                out[h, j, i] = np.float32(simd.vdot64_f32(A, a0, B, (h * m + j) * k, k))
+                out[h, j, i] = np.float32(simd.vdot64_f32(A, g * sG + i * sN, B, (h * m + j) * k, k))
 
 
 @njit(cache=True, nogil=True)
-def _attn_fast(A, B, out, h0, h1, tr):
+def _attn_fast(A, sG, sN, G, n, k, B, out, h0, h1):
     """`_attn_exact` in f32 (numerics="fast"): each output `simd.vdot_f32` of the two rows, B (H, m, k) f32."""
-    G, n, k, m, r = _attn_shapes(A, B, out, h0, h1, tr)
+    m, r = _attn_shapes(A, sG, sN, G, n, k, B, out, h0, h1)
     for h in range(h0, h1):
         g = h // r
         for j in range(m):
             for i in range(n):
-                a0 = (i * G + g) * k if tr else (g * n + i) * k
-                out[h, j, i] = simd.vdot_f32(A, a0, B, (h * m + j) * k, k)
+                out[h, j, i] = simd.vdot_f32(A, g * sG + i * sN, B, (h * m + j) * k, k)
 
 
 GEMV = {int(GGMLType[n.upper()]): globals()[f"_gemv_{n}"] for n in (
@@ -363,65 +357,35 @@ def _decode_2d(a, b, fast: bool):
     return _decode_blocks(tid, W2, nbk, b, np.empty((b.shape[0], n), np.float32), fast)
 
 
-# f16 -> f32 of every bit pattern, as NumPy's astype converts (the reference's conversion): 256 KB
-_F16_VALUES = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-
-
-@njit(cache=True, nogil=True)
-def _widen_f16(a, lut, out):
-    """out (G, n, k) f32 packed = the f16 values whose bits a (G, n, k) uint16, any strides, holds."""
-    for g in range(a.shape[0]):
-        for i in range(a.shape[1]):
-            for j in range(a.shape[2]):
-                out[g, i, j] = lut[a[g, i, j]]
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_widen_f16(a, lut, out, nchunk):
-    """_widen_f16 with a's first axis (the KV heads) split over nchunk threads."""
-    G = a.shape[0]
-    for c in prange(nchunk):
-        _widen_f16(a[G * c // nchunk:G * (c + 1) // nchunk], lut, out[G * c // nchunk:G * (c + 1) // nchunk])
-
-
-WIDEN_PAR_MIN = 1 << 15     # elements per thread at least
-
-
-def _packed_f32(a: np.ndarray) -> np.ndarray:
-    """a (3-D f32 or f16, any strides) as a packed f32 array of its values. An f16 view of llama.cpp's KV
-    cache (the RPC server's attention operands: 256 padded cells, rows apart) widens through a table, split
-    by KV heads, in ~20-40 us where NumPy's f16 astype/ascontiguousarray takes ~100."""
-    if a.dtype == _F16:
-        out = np.empty(a.shape, np.float32)
-        k = _split(a.shape[0], max(1, WIDEN_PAR_MIN // max(1, a.shape[1] * a.shape[2])))
-        if k > 1:
-            _par_widen_f16(a.view(np.uint16), _F16_VALUES, out, k)
-        else:
-            _widen_f16(a.view(np.uint16), _F16_VALUES, out)
-        return out
-    return np.ascontiguousarray(a)
+def _cache_rows(a: np.ndarray):
+    """a (G, n, k) f32 or f16, its rows contiguous at any non-negative strides (the KV cache as the models
+    and llama.cpp view it: heads interleaved, the first n_kv of a longer run of cells, V transposed), as
+    (A, sG, sN): A 1-D over the elements from a's first to its last (f16 as uint16 bits), row (g, i) at
+    A[g * sG + i * sN:][:k]. Anything else comes packed in f32 first."""
+    it = a.itemsize
+    s0, s1, s2 = a.strides
+    if not (s2 == it and s0 >= 0 and s1 >= 0 and s0 % it == 0 and s1 % it == 0):
+        a = np.ascontiguousarray(a, np.float32)
+        it, (s0, s1, s2) = 4, a.strides
+    G, n, k = a.shape
+    sG, sN = s0 // it, s1 // it
+    flat = np.lib.stride_tricks.as_strided(a.view(np.uint16) if a.dtype == _F16 else a,
+                                           ((G - 1) * sG + (n - 1) * sN + k,), (it,), writeable=False)
+    return flat, sG, sN
 
 
 def _attn_decode(a, b, fast: bool):
-    """Attention's decode products as the models call them -- a (G, n, k) f32 cache side, b (H, m, k) f32
-    with m <= DECODE_ROWS, H a multiple of G, b C-contiguous and a either C-contiguous or the (1, 0, 2)
-    transpose of a C-contiguous (n, G, k) array (the KV cache's own layout, read in place) -- in one kernel
-    call over all heads (split by heads over threads) instead of one product per weight batch; None for
-    anything else. An f16 cache (llama.cpp's, as the RPC server receives it) or any other view of one is
-    copied to packed f32 first: its values exactly, so the bits of `_gemv_f16` per batch in exact mode (the
-    same f64 lanes and order), and in fast mode the f32 sums of an f32 cache (~100 us a product fewer
-    through the server: one call for all heads instead of one per KV head)."""
+    """Attention's decode products as the models call them -- a (G, n, k) f32 or f16 cache side, b (H, m, k)
+    f32 with m <= DECODE_ROWS, H a multiple of G, b C-contiguous -- in one kernel call over all heads (split
+    by heads over threads) instead of one product per weight batch; None for anything else. The cache side
+    is read where it is (`_cache_rows`: the models' (n, G, k) cache transposed, llama.cpp's f16 cache as the
+    RPC server views it, its values widened exactly as loaded): the bits of `_gemv_f16` / the f32 decode
+    per batch in exact mode (the same f64 lanes and order), and in fast mode the f32 sums of an f32 cache."""
     G, n, k = a.shape
     H, m = b.shape[0], b.shape[1]
     if not (G > 0 and n > 0 and k > 0 and b.shape[2] == k and H % G == 0 and H > 0 and b.flags.c_contiguous):
         return None
-    A, tr = a, False
-    if not a.flags.c_contiguous:
-        A, tr = a.transpose(1, 0, 2), True
-        if not A.flags.c_contiguous:             # e.g. the first n_kv rows of a longer cache, as ggml views it
-            A, tr = _packed_f32(a), False        # packed (and an f16 cache widened) in one pass
-    if A.dtype == _F16:                          # an f16 cache: its values in f32, exactly
-        A = _packed_f32(A)
+    A, sG, sN = _cache_rows(a)
     out = np.empty((H, m, n), np.float32)
     split = _split(H, max(1, ATTN_PAR_MIN_MACS // (n * k * m)))
     if fast:
@@ -429,9 +393,9 @@ def _attn_decode(a, b, fast: bool):
     else:
         kern, par, B = _attn_exact, _par_attn_exact, b.astype(np.float64)
     if split > 1:
-        par(A, B, out, tr, split)
+        par(A, sG, sN, G, n, k, B, out, split)
     else:
-        kern(A, B, out, 0, H, tr)
+        kern(A, sG, sN, G, n, k, B, out, 0, H)
     return out
 
 
@@ -723,16 +687,16 @@ def _par_gemv_f32(W, B, out, nchunk):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _par_attn_exact(A, B, out, tr, nchunk):
+def _par_attn_exact(A, sG, sN, G, n, k, B, out, nchunk):
     H = out.shape[0]
     for c in prange(nchunk):
-        _attn_exact(A, B, out, H * c // nchunk, H * (c + 1) // nchunk, tr)
+        _attn_exact(A, sG, sN, G, n, k, B, out, H * c // nchunk, H * (c + 1) // nchunk)
 
 @njit(cache=True, parallel=True, nogil=True)
-def _par_attn_fast(A, B, out, tr, nchunk):
+def _par_attn_fast(A, sG, sN, G, n, k, B, out, nchunk):
     H = out.shape[0]
     for c in prange(nchunk):
-        _attn_fast(A, B, out, H * c // nchunk, H * (c + 1) // nchunk, tr)
+        _attn_fast(A, sG, sN, G, n, k, B, out, H * c // nchunk, H * (c + 1) // nchunk)
 
 
 PAR_FAST = {int(GGMLType[n.upper()]): globals()[f"_par_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}

@@ -16,9 +16,10 @@ Intrinsics (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 blocks unless noted):
     vdec_<type>(src, i, out, j)              block src[i] decoded into out[j, :32] (Q4_1 Q5_0 Q5_1: the
                                              dequantizers in quants.py); vdec_tq1_0 a whole TQ1_0 block,
                                              out[j, :256]
-    vdot_f32(A, a0, X, x0, k) -> f32         f32 rows, 32 f32 lanes (attention's decode products)
-    vdot64_f32(A, a0, X, x0, k) -> f64       an f32 row times an f64 one, `_dot_f64`'s lanes and order (exact
-                                             numerics' attention and f32-weight decode products)
+    vdot_f32(A, a0, X, x0, k) -> f32         f32 rows, 32 f32 lanes (attention's decode products); A may be
+                                             uint16 f16 bits, widened exactly as loaded (an f16 KV cache)
+    vdot64_f32(A, a0, X, x0, k) -> f64       an f32 (or f16-bits) row times an f64 one, `_dot_f64`'s lanes and
+                                             order (exact numerics' attention and f32-weight decode products)
     vgelu16(x, i, tab, out)                  ggml's table GELU of x[i:i+16] into out[i:i+16] (unary.py)
     vsum8(x, lo, m) -> f64                   NumPy's pairwise-sum block, its eight f64 lane sums as one vector
                                              (_common.pairwise_sum_f64)
@@ -208,7 +209,9 @@ vdot_q8_0 = _make(_q8_0, 34, "q8_0")
 def _make_row_dot(wide: bool):
     """vdot_f32 (f32 rows, 32 f32 lanes with one fused rounding per product, lanes added pairwise, the tail
     fused in order) or, wide, vdot64_f32 (an f32 row times an f64 one: 32 f64 lanes, each product rounded
-    and then added as matmul._dot_f64 does, lanes added in order from 0.0, the tail in order)."""
+    and then added as matmul._dot_f64 does, lanes added in order from 0.0, the tail in order). A's row may
+    be f16 bits (uint16) instead, each widened to its f32 value exactly as it is loaded: an f16 KV cache
+    read in place gives the sums of its f32 copy."""
     xty, lty = (types.float64, ir.DoubleType()) if wide else (types.float32, _F32)
     vty = ir.VectorType(lty, 32)
 
@@ -220,10 +223,20 @@ def _make_row_dot(wide: bool):
 
     @intrinsic
     def vdot(typingctx, A, a0, X, x0, k):
-        if not (isinstance(A, types.Array) and A.dtype == types.float32 and A.layout == "C"
+        if not (isinstance(A, types.Array) and A.dtype in (types.float32, types.uint16) and A.layout == "C"
                 and isinstance(X, types.Array) and X.dtype == xty and X.layout == "C"):
             return None
         sig = xty(A, types.intp, X, types.intp, types.intp)
+        half = A.dtype == types.uint16
+
+        def load_a(builder, p, n):
+            """n (32 or 1) of A's values at p as f32: f16 bits widened exactly (fpext of half)."""
+            if not half:
+                return builder.load(builder.bitcast(p, _V32F.as_pointer()), align=4) if n == 32 else builder.load(p)
+            if n == 1:
+                return builder.fpext(builder.bitcast(builder.load(p), _F16), _F32)
+            h = builder.load(builder.bitcast(p, ir.VectorType(_I16, 32).as_pointer()), align=2)
+            return builder.fpext(builder.bitcast(h, ir.VectorType(_F16, 32)), _V32F)
 
         def codegen(context, builder, signature, args):
             Av, a0v, Xv, x0v, kv = args
@@ -235,14 +248,14 @@ def _make_row_dot(wide: bool):
             with cgutils.for_range(builder, nfull) as loop:
                 o = builder.mul(loop.index, c32)
                 ao, xo = builder.gep(ap, [builder.add(a0v, o)]), builder.gep(xp, [builder.add(x0v, o)])
-                av = builder.load(builder.bitcast(ao, _V32F.as_pointer()), align=4)
+                av = load_a(builder, ao, 32)
                 xv = builder.load(builder.bitcast(xo, vty.as_pointer()), align=4)
                 builder.store(step(builder, av, xv, builder.load(acc)), acc)
             v = builder.load(acc)
             s = cgutils.alloca_once_value(builder, _lanes_in_order(builder, v) if wide else _hsum32(builder, v))
             with cgutils.for_range(builder, builder.sub(kv, builder.mul(nfull, c32))) as loop:
                 t = builder.add(builder.mul(nfull, c32), loop.index)
-                av = builder.load(builder.gep(ap, [builder.add(a0v, t)]))
+                av = load_a(builder, builder.gep(ap, [builder.add(a0v, t)]), 1)
                 xv = builder.load(builder.gep(xp, [builder.add(x0v, t)]))
                 builder.store(step(builder, av, xv, builder.load(s)), s)
             return builder.load(s)

@@ -198,8 +198,8 @@ def test_attention_decode_reads_the_cache_layout_in_place(numerics, G, H, n, k, 
 @pytest.mark.parametrize("G,H,n,k,m", [(3, 9, 97, 64, 1), (1, 4, 5, 33, 2), (2, 6, 40, 100, 8)])
 def test_attention_decode_on_an_f16_cache(numerics, G, H, n, k, m):
     """llama.cpp's f16 KV cache as the RPC server views it (the first n of 2n rows): all heads in one call,
-    with the bits of one product per head (the f16 decode kernel, `_gemv_f16`) in exact mode and within
-    fast's bound of the NumPy reference in fast mode."""
+    with the bits of one product per head (the f16 decode kernel, `_gemv_f16`) in exact mode, of the f32
+    copy of the cache in both modes, and within fast's bound of the NumPy reference."""
     rng = np.random.default_rng(G * n + k + 1)
     cache = rng.standard_normal((2 * n, G, k)).astype(np.float16)
     b = rng.standard_normal((H, m, k)).astype(np.float32)
@@ -209,9 +209,12 @@ def test_attention_decode_on_an_f16_cache(numerics, G, H, n, k, m):
         got = refimpl.ops.mul_mat(view, b, numerics=numerics)
         per_head = np.stack([refimpl.ops.mul_mat(np.ascontiguousarray(view[h // r]), b[h], numerics=numerics)
                              for h in range(H)])
+        widened = refimpl.ops.mul_mat(view.astype(np.float32), b, numerics=numerics)
     assert got.shape == (H, m, n)
     if numerics == "exact":
         assert_bits_equal(got, per_head, "f16 cache, all heads at once vs one product per head")
+    # the f16 rows are read in place and widened as loaded: the sums of the same cache in f32
+    assert_bits_equal(got, widened, f"f16 cache read in place vs its f32 copy, {numerics}")
     with refimpl.backend("numpy"):
         want = refimpl.ops.mul_mat(view, b, numerics="exact")
     assert_nmse(got, want, tol("mul_mat", "*", "property").nmse, f"f16 cache vs the reference, {numerics}")
@@ -231,15 +234,19 @@ def test_fast_kernels_refuse_mismatched_operands():
         km._fast_q4_1(W2, 2, np.zeros((1, 64), np.float32), out, 0, 5)        # past the last weight row
     with pytest.raises(ValueError, match="do not match"):
         km._fast_q8_0(W2, 2, np.zeros((1, 64), np.float32), out, 0, 4)        # Q4_1 blocks read as Q8_0
+    A = np.zeros(2 * 3 * 8, np.float32)                  # (G, n, k) = (2, 3, 8) rows, packed: sG 24, sN 8
     with pytest.raises(ValueError, match="do not match"):
-        km._attn_fast(np.zeros((2, 3, 8), np.float32), np.zeros((3, 1, 8), np.float32),
-                      np.empty((3, 1, 3), np.float32), 0, 3, False)           # 3 heads over 2 groups
+        km._attn_fast(A, 24, 8, 2, 3, 8, np.zeros((3, 1, 8), np.float32),
+                      np.empty((3, 1, 3), np.float32), 0, 3)                  # 3 heads over 2 groups
     with pytest.raises(ValueError, match="do not match"):
-        km._attn_fast(np.zeros((1, 3, 8), np.float32), np.zeros((2, 1, 9), np.float32),
-                      np.empty((2, 1, 3), np.float32), 0, 2, False)           # k differs
+        km._attn_fast(A, 24, 8, 1, 3, 8, np.zeros((2, 1, 9), np.float32),
+                      np.empty((2, 1, 3), np.float32), 0, 2)                  # k differs
     with pytest.raises(ValueError, match="do not match"):
-        km._attn_fast(np.zeros((3, 2, 8), np.float32), np.zeros((3, 1, 8), np.float32),
-                      np.empty((3, 1, 3), np.float32), 0, 3, True)            # cache layout: 3 heads, 2 groups
+        km._attn_fast(A, 24, 8, 3, 3, 8, np.zeros((3, 1, 8), np.float32),
+                      np.empty((3, 1, 3), np.float32), 0, 3)                  # a third group past A's end
+    with pytest.raises(ValueError, match="do not match"):
+        km._attn_exact(A.view(np.uint16)[:40], 0, 8, 1, 6, 8, np.zeros((1, 1, 8)),
+                       np.empty((1, 1, 6), np.float32), 0, 1)                 # f16 rows past the end
 
 
 @pytest.mark.parametrize("t", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
