@@ -11,7 +11,7 @@ One module per op family, each listing its versions at the top:
     norm.py        rms_norm, norm
     softmax.py     soft_max_ext
     rope.py        rope_ext, rope_ext_back (NORMAL and NEOX)
-    rows.py        get_rows
+    rows.py        get_rows, set_rows
     unary.py       silu, gelu, sigmoid, exp, relu, swiglu, geglu
     recurrent.py   rwkv_wkv6, rwkv_wkv7
     simd.py        vector dot products and block decoders written as LLVM IR (fast decode, dequantize)

@@ -1,14 +1,19 @@
-"""get_rows with Numba: the selected rows of a quantized table, decoded by the Numba decoders.
+"""get_rows and set_rows with Numba.
 
 Versions:
     get_rows  the selected rows' blocks gathered (a byte copy), then decoded in threads by
-              `quants.dequantize_into` (the bits of refimpl.dequantize)
-Only QTensor sources take this path (a row gather of an ndarray is a NumPy copy already); everything the
-reference rejects, or computes from ndarrays, runs the reference.
+              `quants.dequantize_into` (the bits of refimpl.dequantize). Only QTensor sources take this
+              path (a row gather of an ndarray is a NumPy copy already).
+    set_rows  an f32/f16 destination (a KV cache) with one batch of rows: the rows stored in index order
+              by one loop (the last write of a repeated index wins, as in the reference), no index
+              sorting, no copy of the destination when it is `out` -- what a decode step through the
+              RPC server does 60 times a token, ~40 us each in the reference's NumPy, ~5 here.
+Everything else, and everything the reference rejects, runs the reference (same results, same errors).
 """
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ..ops import movement as ref_mv
 from ..dispatch import register
@@ -43,3 +48,63 @@ def get_rows(a, rows):
     out = quants.dequantize_into(a.type, src, np.empty((src.shape[0], tr.blck_size), np.float32))
     out_shape = tuple(reversed([na[0], nr[0], nr[1], nr[2]]))[4 - max(rows.ndim + 1, 1):]
     return out.reshape(out_shape)
+
+
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
+_IDX = (np.dtype(np.int64), np.dtype(np.int32))
+
+
+@njit(cache=True, nogil=True)
+def _in_range(idx, R) -> bool:
+    for i in range(idx.shape[0]):
+        if idx[i] < 0 or idx[i] >= R:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _scatter_rows(dst, rows, idx) -> None:
+    """dst[idx[i], :] = rows[i, :] for i in order (the caller checked the indices: `_in_range`)."""
+    for i in range(idx.shape[0]):
+        r = idx[i]
+        for j in range(rows.shape[1]):
+            dst[r, j] = rows[i, j]
+
+
+@register("set_rows", backend="numba")
+def set_rows(a, b, c, out=None):
+    """ggml_set_rows (see refimpl.ops.movement.set_rows) into an f32/f16 ndarray, one batch (dims 2, 3 of
+    size 1): the converted rows scattered by `_scatter_rows`; NotImplemented (the reference) otherwise."""
+    if not (type(a) is np.ndarray and a.dtype in (_F32, _F16) and 1 <= a.ndim <= 4
+            and type(b) is np.ndarray and b.dtype == _F32 and 1 <= b.ndim <= 4
+            and type(c) is np.ndarray and c.dtype in _IDX and 1 <= c.ndim <= 3):
+        return NotImplemented
+    na, nb, nc = ne4(a.shape), ne4(b.shape), ne4(c.shape)
+    E, R, n = na[0], na[1], nb[1]
+    if (na[2] != 1 or na[3] != 1 or nb[2] != 1 or nb[3] != 1 or nc[1] != 1 or nc[2] != 1 or nc[3] != 1
+            or nb[0] != E or nc[0] != n or n == 0 or E == 0):
+        return NotImplemented
+    if E > 1 and (a.strides[-1] != a.itemsize or b.strides[-1] != b.itemsize):
+        return NotImplemented                         # rows not contiguous: the reference's error
+    idx = c.reshape(n)
+    if not _in_range(idx, R):
+        return NotImplemented                         # an index out of range: the reference's error
+    if out is None:
+        dst = a.copy()
+    elif (out is a and a.flags.writeable) or (type(out) is np.ndarray and out.shape == a.shape
+                                              and out.dtype == a.dtype and out.flags.writeable
+                                              and not np.shares_memory(out, a)):
+        dst = out
+        if out is not a:
+            dst[...] = a
+    else:
+        return NotImplemented                         # the reference says what is wrong with out
+    rows = b.reshape(n, E)
+    if a.dtype == _F16:
+        with np.errstate(over="ignore", invalid="ignore"):
+            rows = rows.astype(np.float16)            # ggml-cpu's from_float for f16, as the reference
+        target, rows = dst.reshape(R, E).view(np.uint16), rows.view(np.uint16)
+    else:
+        target = dst.reshape(R, E)                    # unit axes dropped: a view of dst
+    _scatter_rows(target, rows, idx)
+    return dst

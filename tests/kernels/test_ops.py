@@ -149,3 +149,52 @@ def test_gelu_vector_lookup_every_f16_and_bit_pattern(n):
     with refimpl.backend("numba"):
         got = refimpl.gelu(x)
     assert_bits_equal(got, ref, f"gelu on {n} values")
+
+
+@settings(max_examples=N)
+@given(data=st.data())
+def test_set_rows_kernel_is_the_reference(data):
+    """The KV-cache scatter (set_rows into an f32/f16 array, one batch) in Numba: the reference's bytes for
+    every index order, repeats included (the last write wins), with out=None, out=a (in place, as the RPC
+    server writes a cache) and out=another array; what it does not cover, the reference computes."""
+    R, E, n = data.draw(st.integers(1, 9)), data.draw(st.integers(1, 40)), data.draw(st.integers(1, 12))
+    dt = data.draw(st.sampled_from([np.float32, np.float16]))
+    lead = data.draw(st.sampled_from([(), (1,), (1, 1)]))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(lead + (R, E)) * 100).astype(dt)
+    b = (rng.standard_normal(lead + (n, E)) * 1e5).astype(np.float32)      # f16 overflow to inf included
+    b.reshape(-1)[rng.integers(0, b.size)] = np.nan
+    c = rng.integers(0, R, n).astype(data.draw(st.sampled_from([np.int64, np.int32])))
+    mode = data.draw(st.sampled_from(["none", "self", "other"]))
+    results = []
+    for backend in ("numpy", "numba"):
+        a2 = a.copy()
+        with refimpl.backend(backend):
+            if mode == "none":
+                got = refimpl.set_rows(a2, b, c)
+                assert_bits_equal(a2, a, "set_rows leaves a as it was")
+            elif mode == "self":
+                got = refimpl.set_rows(a2, b, c, out=a2)
+                assert got is a2
+            else:
+                o = np.zeros_like(a)
+                got = refimpl.set_rows(a2, b, c, out=o)
+                assert got is o
+        results.append(np.array(got).view(np.uint32 if dt == np.float32 else np.uint16))
+    assert np.array_equal(results[0], results[1]), f"set_rows kernel vs reference, R={R} E={E} n={n} {dt}"
+
+
+def test_set_rows_kernel_leaves_errors_to_the_reference():
+    a = np.zeros((4, 8), np.float16)
+    b = np.ones((2, 8), np.float32)
+    for c, msg in ((np.array([0, 4], np.int64), "out of range"), (np.array([-1, 0], np.int64), "out of range")):
+        with refimpl.backend("numba"), pytest.raises(GGMLShapeError, match=msg):
+            refimpl.set_rows(a, b, c, out=a)
+        assert not a.any(), "nothing is written before the error"
+    with refimpl.backend("numba"), pytest.raises(GGMLShapeError, match="contiguous rows"):
+        refimpl.set_rows(a, np.ones((2, 16), np.float32)[:, ::2], np.array([0, 1], np.int64))
+    with refimpl.backend("numba"), pytest.raises(GGMLShapeError, match="writeable"):
+        ro = a.copy()
+        ro.flags.writeable = False
+        refimpl.set_rows(ro, b, np.array([0, 1], np.int64), out=ro)
