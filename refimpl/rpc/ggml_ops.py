@@ -65,17 +65,20 @@ class Unsupported(Exception):
 
 
 class Params:
-    """A node's op_params: 16 int32 words, read as ints or as the floats stored in them."""
-    __slots__ = ("w",)
+    """A node's op_params: 16 int32 words, read as ints or as the floats stored in them (both decoded once:
+    a stored graph's nodes read them at every step)."""
+    __slots__ = ("w", "_ints", "_floats")
 
     def __init__(self, words):
         self.w = np.asarray(words, np.int32)
+        self._ints = tuple(self.w.tolist())
+        self._floats = tuple(self.w.view(np.float32).tolist())
 
     def i(self, k: int) -> int:
-        return int(self.w[k])
+        return self._ints[k]
 
     def f(self, k: int) -> float:
-        return float(self.w[k:k + 1].view(np.float32)[0])
+        return self._floats[k]
 
 
 def _rank(x, n: int):
