@@ -6,38 +6,22 @@
     tok.tokenize("unaffable")              # ['una', '##ffa', '##ble']
     tok.decode(ids, special=False)         # 'hello, world!'
 
-`encode` reproduces Hugging Face `tokenizers` (BertTokenizerFast; the same rules that its
-`tokenizer.json` names: BertNormalizer, BertPreTokenizer, WordPiece, TemplateProcessing):
+`encode` is Hugging Face `tokenizers` itself (BertTokenizerFast's engine), run on the model's own
+`tokenizer.json` where there is one, else on the same pipeline built from the vocabulary (`tokenizers`'
+BertNormalizer, BertPreTokenizer and WordPiece, the options of tokenizer_config.json or the GGUF):
     0. Added tokens written in the text (the special "[SEP]", "[MASK]", ...; exact, case-sensitive
-       text) are cut out first and become their ids; the longest one wins where two start at the
-       same place. With `parse_special=False` they are ordinary text ("[SEP]" -> "[", "sep", "]").
-    1. Clean text: NUL, U+FFFD and every control character (categories Cc, Cf, Co; tab, newline and
-       carriage return excepted) are deleted, so "a\\x0bb" is one word; every White_Space
-       character that is left becomes a space.
-    2. Chinese characters: every codepoint of the CJK ideograph blocks (`_is_cjk`; note the range
-       0x2B920.., not 0x2B820.., as in `tokenizers`) gets a space on each side: one word each.
-    3. Strip accents (`strip_accents`, which when None follows `do_lower_case`): NFD, then delete
-       the nonspacing marks (Mn). Spacing marks (Mc) stay: "हिंदी" keeps its vowel sign U+093F.
-    4. Lower-case (`do_lower_case`), character by character (no final-sigma rule: "ΟΔΟΣ" -> "οδοσ").
-    5. Split at whitespace (dropped) and around every punctuation character (kept, one word each):
-       categories P* and the ASCII symbols $ + < = > ^ ` | ~.
+       text) are cut out first and become their ids. With `parse_special=False` they are ordinary
+       text ("[SEP]" -> "[", "sep", "]").
+    1-5. BertNormalizer (clean text, spaces around CJK ideographs, NFD and no nonspacing marks when
+       accents are stripped, lower-casing) and BertPreTokenizer (split at whitespace and around
+       punctuation), with `tokenizers`' own Unicode tables. Lone surrogates (which `tokenizers`, taking
+       UTF-8, cannot receive) are deleted first.
     6. WordPiece, per word: a word longer than `max_input_chars_per_word` (100) characters is [UNK];
-       otherwise take the longest vocabulary entry that starts the word, then the longest "##" entry
-       that continues it, and so on; if some position has no entry, the whole word is one [UNK].
+       otherwise the longest vocabulary entry that starts the word, then the longest "##" entry that
+       continues it, and so on; if some position has no entry, the whole word is one [UNK].
     7. Truncation to `max_length` (counting [CLS] and [SEP]) drops word pieces from the end, with a
        warning that says how many; then `add_special=True` puts [CLS] before and [SEP] after. A pair
        (`encode_pair`) is [CLS] a [SEP] b [SEP], truncated longest-first as `tokenizers` does.
-
-Unicode tables. `tokenizers` takes the categories of steps 1, 3 and 5 from the `unicode_categories`
-crate, whose tables are Unicode 8.0's, and NFD from a crate at Unicode 12; Python 3.11's `unicodedata`
-is Unicode 14.0. The codepoints whose answer differs between the two (105 punctuation, 13 format
-controls, 385 nonspacing marks, 1 NFD decomposition; found by running `tokenizers` over every codepoint)
-are listed in `_PUNCT_CHANGED`, `_CONTROL_CHANGED`, `_MN_CHANGED` and `_NFD_CHANGED`, so the result
-equals `tokenizers` on any text. Lower-casing in `tokenizers` is Rust's, of a newer Unicode: it also
-lower-cases 55 codepoints unassigned in Unicode 14.0; such a character is in no BERT vocabulary, so
-its word is [UNK] either way and the ids are the same. On a Python with a newer `unicodedata`, newly
-assigned codepoints may be classified differently from `tokenizers`. Surrogates (which `tokenizers`
-cannot receive) are deleted as control characters.
 
 `compat="llama.cpp"` reproduces llama.cpp's own WPM tokenizer instead (`llm_tokenizer_wpm_session`
 in llama-vocab.cpp), which differs from Hugging Face on real text:
@@ -74,6 +58,7 @@ special tokens. `token_to_piece` is llama.cpp's piece: b" word", b"ing" for "##i
 """
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 import warnings
@@ -91,37 +76,9 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED = 1, 2, 3, 4, 5     # gguf T
 _PHANTOM = "\u2581"
 
 
-def _codepoints(spec: str) -> frozenset:
-    """'61D 1B7D-1B7E ...' (hex codepoints and inclusive ranges) -> a set of ints."""
-    out = set()
-    for part in spec.split():
-        a, _, b = part.partition("-")
-        out.update(range(int(a, 16), int(b or a, 16) + 1))
-    return frozenset(out)
-
-
-# Codepoints whose category test gives a different answer in Unicode 8.0 (what `tokenizers` uses)
-# than in Unicode 14.0 (Python 3.11): each set toggles the unicodedata answer.
-_PUNCT_CHANGED = _codepoints(   # P* now, not then (new characters); U+166D was Po, is So now
-    "61D 9FD A76 C77 C84 166D 1B7D-1B7E 2E43-2E4F 2E52-2E5D 10EAD 10F55-10F59 10F86-10F89 1144B-1144F "
-    "1145A-1145B 1145D 11660-1166C 116B9 1183B 11944-11946 119E2 11A3F-11A46 11A9A-11A9C 11A9E-11AA2 "
-    "11C41-11C45 11C70-11C71 11EF7-11EF8 11FFF 12FF1-12FF2 16E97-16E9A 16FE2 1E95E-1E95F")
-_CONTROL_CHANGED = _codepoints("890-891 8E2 110CD 13430-13438")     # Cf now, unassigned then
-_MN_CHANGED = _codepoints(      # Mn now, not then (new characters); U+1734 was Mn, is Mc now
-    "7FD 898-89F 8CA-8E1 9FE AFA-AFF B55 C04 C3C D00 D3B-D3C D81 EBA 1734 180F 1885-1886 1ABF-1ACE "
-    "1DF6-1DFB A82C A8C5 A8FF A9BD 10D24-10D27 10EAB-10EAC 10F46-10F50 10F82-10F85 11070 11073-11074 "
-    "110C2 111C9 111CF 1123E 1133B 11438-1143F 11442-11444 11446 1145E 1182F-11837 11839-1183A "
-    "1193B-1193C 1193E 11943 119D4-119D7 119DA-119DB 119E0 11A01-11A0A 11A33-11A38 11A3B-11A3E 11A47 "
-    "11A51-11A56 11A59-11A5B 11A8A-11A96 11A98-11A99 11C30-11C36 11C38-11C3D 11C3F 11C92-11CA7 "
-    "11CAA-11CB0 11CB2-11CB3 11CB5-11CB6 11D31-11D36 11D3A 11D3C-11D3D 11D3F-11D45 11D47 11D90-11D91 "
-    "11D95 11D97 11EF3-11EF4 16F4F 16FE4 1CF00-1CF2D 1CF30-1CF46 1E000-1E006 1E008-1E018 1E01B-1E021 "
-    "1E023-1E024 1E026-1E02A 1E130-1E136 1E2AE 1E2EC-1E2EF 1E944-1E94A")
-_NFD_CHANGED = "\U00011938"     # decomposes since Unicode 13 (a starter, so NFD can be split at it)
-
-# White_Space (PropList.txt); HF tests it after deleting controls, llama.cpp before.
+# White_Space (PropList.txt), which llama.cpp tests before deleting controls
 _WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
                         "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
-_ASCII_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 
 
 def _is_cjk(o: int) -> bool:
@@ -131,40 +88,7 @@ def _is_cjk(o: int) -> bool:
             or 0xF900 <= o <= 0xFAFF or 0x2F800 <= o <= 0x2FA1F)
 
 
-# ---- character classes, Hugging Face ----------------------------------------------------------
-
-@lru_cache(maxsize=None)
-def _hf_deleted(c: str) -> bool:
-    if c in "\t\n\r":
-        return False
-    o, cat = ord(c), unicodedata.category(c)
-    return o == 0 or o == 0xFFFD or cat == "Cs" or ((cat in ("Cc", "Cf", "Co")) != (o in _CONTROL_CHANGED))
-
-
-@lru_cache(maxsize=None)
-def _hf_mn(c: str) -> bool:
-    return (unicodedata.category(c) == "Mn") != (ord(c) in _MN_CHANGED)
-
-
-@lru_cache(maxsize=None)
-def _hf_punct(c: str) -> bool:
-    return c in _ASCII_PUNCT or (unicodedata.category(c)[0] == "P") != (ord(c) in _PUNCT_CHANGED)
-
-
-def _hf_nfd(s: str) -> str:
-    if _NFD_CHANGED in s:
-        return _NFD_CHANGED.join(unicodedata.normalize("NFD", p) for p in s.split(_NFD_CHANGED))
-    return unicodedata.normalize("NFD", s)
-
-
-# ASCII text (`_words_ascii`): the classes above evaluated once on the 128 ASCII characters
-_ASCII_CHARS = [chr(i) for i in range(128)]
-_ASCII_PLAIN = all(not _hf_mn(c) and _hf_nfd(c) == c and not _is_cjk(ord(c)) and c.lower().isascii()
-                   and len(c.lower()) == 1 for c in _ASCII_CHARS)
-_ASCII_CLEAN = {ord(c): (None if _hf_deleted(c) else " ") for c in _ASCII_CHARS
-                if _hf_deleted(c) or c in _WHITESPACE}
-_ASCII_WORDS = re.compile("[{p}]|[^{p}{w}]+".format(p=re.escape("".join(c for c in _ASCII_CHARS if _hf_punct(c))),
-                                                   w=re.escape("".join(c for c in _ASCII_CHARS if c in _WHITESPACE))))
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 # ---- character classes, llama.cpp (unicode.cpp's flags, from UnicodeData categories) -----------
@@ -270,18 +194,17 @@ class WordPieceTokenizer:
         self.eog_ids = frozenset(i for i in (self.sep_id,) if i is not None)
         self.max_token_chars = max((len(t) for t in self.tokens), default=1)
 
-        # added-token texts: HF cuts out the leftmost match (the longest there; one regex with the
-        # longest texts first), llama.cpp every occurrence of the longest text first, then the next
+        # llama.cpp mode matches in the GGUF's form ("▁word", "piece") and cuts out every occurrence of the
+        # longest added-token text first, then the next; Hugging Face mode is `tokenizers`' (`_engines`)
         self._phantom = None
-        added = {self.tokens[i]: i for i in sorted(self.added_ids)}
-        if compat == "llama.cpp":       # llama.cpp matches in the GGUF's form: "▁word", "piece"
+        self._added: dict[str, int] = {}
+        if compat == "llama.cpp":
             self._phantom = {self._to_phantom(i): i for i in range(self.n_vocab)}
             self.max_token_chars = max(len(t) for t in self._phantom)
-            added = {self._to_phantom(i): i for i in sorted(self.added_ids)}
-        self._added = {t: i for t, i in added.items() if t}
-        texts = sorted(self._added, key=len, reverse=True)
-        self._special_re = re.compile("|".join(map(re.escape, texts))) if texts else None
+            self._added = {t: i for t, i in ((self._to_phantom(i), i) for i in sorted(self.added_ids)) if t}
         self._word_cache: dict[str, tuple] = {}
+        self._hf = None                   # Hugging Face mode's `tokenizers` pipelines (`_engines`)
+        self._tokenizer_json: dict | None = None     # the model's own tokenizer.json, where it came from one
 
     def _to_phantom(self, i: int) -> str:
         t = self.tokens[i]
@@ -407,12 +330,16 @@ class WordPieceTokenizer:
         if "pad_id" in pad and pad.get("pad_token") in vocab:
             ids["pad_id"] = pad["pad_id"]
         lower = norm.get("lowercase", True) if norm else False
-        return cls(tokens, **ids, token_type=types, do_lower_case=lower,
+        tok = cls(tokens, **ids, token_type=types, do_lower_case=lower,
                    strip_accents=norm.get("strip_accents") if norm else False,
                    tokenize_chinese_chars=norm.get("handle_chinese_chars", True) if norm else False,
                    clean_text=norm.get("clean_text", True) if norm else False, max_length=max_length,
                    max_input_chars_per_word=model.get("max_input_chars_per_word", 100),
                    continuing_prefix=model.get("continuing_subword_prefix", "##"), compat=compat, source=src)
+        tok._tokenizer_json = tj                 # Hugging Face mode runs `tokenizers` on the file itself
+        if compat is None:
+            tok._engines()                       # built now: a file `tokenizers` rejects fails here, named
+        return tok
 
     @classmethod
     def from_gguf_metadata(cls, kv: dict, compat: str | None = None) -> "WordPieceTokenizer":
@@ -513,9 +440,11 @@ class WordPieceTokenizer:
         return [self._need(self.cls_id, "[CLS]")] + ids + [self._need(self.sep_id, "[SEP]")]
 
     def _pieces(self, text: str, parse_special: bool) -> list[int]:
+        if self.compat is None:              # `tokenizers` itself: with the added tokens, or without
+            return self._engines()[0 if parse_special else 1].encode(
+                _SURROGATES.sub("", text), add_special_tokens=False).ids
         out: list[int] = []
-        pos = 0
-        if parse_special and self.compat == "llama.cpp":
+        if parse_special:
             frags: list = [text]
             for s in sorted(self._added, key=len, reverse=True):
                 new: list = []
@@ -529,20 +458,51 @@ class WordPieceTokenizer:
             for f in frags:
                 out.extend(self._encode_text(f) if isinstance(f, str) else [f])
             return out
-        if parse_special and self._special_re is not None:
-            for m in self._special_re.finditer(text):
-                out.extend(self._encode_text(text[pos:m.start()]))
-                out.append(self._added[m.group()])
-                pos = m.end()
-        out.extend(self._encode_text(text[pos:]))
-        return out
+        return self._encode_text(text)
+
+    def _engines(self):
+        """(with the added tokens, without them): the `tokenizers` pipelines of Hugging Face mode, made on
+        first use -- from the model's own tokenizer.json, or built from the vocabulary and options."""
+        if self._hf is None:
+            try:
+                from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+            except ImportError as e:            # a core dependency; said plainly if it is missing anyway
+                raise ImportError("WordPiece tokenizers need the `tokenizers` package: pip install tokenizers") from e
+            try:
+                if self._tokenizer_json is not None:
+                    full = Tokenizer.from_str(json.dumps(self._tokenizer_json))
+                    plain = Tokenizer.from_str(json.dumps(dict(self._tokenizer_json, added_tokens=[])))
+                else:
+                    def pipeline():
+                        t = Tokenizer(models.WordPiece(dict(self.vocab), unk_token=self.tokens[self.unk_id],
+                                                       max_input_chars_per_word=self.max_input_chars_per_word,
+                                                       continuing_subword_prefix=self.prefix))
+                        t.normalizer = normalizers.BertNormalizer(
+                            clean_text=self.clean_text, handle_chinese_chars=self.tokenize_chinese_chars,
+                            strip_accents=self.strip_accents, lowercase=self.do_lower_case)
+                        t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+                        return t
+                    full, plain = pipeline(), pipeline()
+                    special = [i for i in sorted(self.added_ids) if self.token_type[i] in (_CONTROL, _UNKNOWN)]
+                    user = [i for i in sorted(self.added_ids) if self.token_type[i] == _USER_DEFINED]
+                    full.add_special_tokens([AddedToken(self.tokens[i], special=True, normalized=False)
+                                             for i in special if self.tokens[i]])
+                    full.add_tokens([AddedToken(self.tokens[i], normalized=False) for i in user if self.tokens[i]])
+            except Exception as e:              # tokenizers raises plain Exception on what it cannot build
+                raise TokenizerError(f"{self.source}: `tokenizers` cannot build this WordPiece tokenizer: {e}",
+                                     self.source) from e
+            for t in (full, plain):
+                t.no_truncation()               # truncation and [CLS]/[SEP] are encode's own (warnings)
+                t.no_padding()
+            self._hf = (full, plain)
+        return self._hf
 
     def _encode_text(self, text: str) -> list[int]:
         out: list[int] = []
         for w in self.words(text):
             ids = self._word_cache.get(w)
             if ids is None:
-                ids = self._word_cache[w] = tuple(self._wordpiece(w))
+                ids = self._word_cache[w] = tuple(self._wordpiece_phantom(w))
                 if len(self._word_cache) > 100_000:
                     self._word_cache.clear()
             out.extend(ids)
@@ -552,47 +512,13 @@ class WordPieceTokenizer:
         """Steps 1-5: the normalized words of `text` (no special-token handling)."""
         if self.compat == "llama.cpp":
             return self._words_llama_cpp(text)
-        if text.isascii() and _ASCII_PLAIN:
-            return self._words_ascii(text)
-        return self._words_hf(text)
-
-    def _words_ascii(self, text: str) -> list[str]:
-        """`_words_hf` for ASCII text, with str methods and one regex: there the steps reduce to deleting the
-        control characters and mapping whitespace to spaces (clean_text), lowercasing, and splitting at
-        whitespace and around punctuation (no CJK, no accents; checked on every ASCII character at import)."""
-        if self.clean_text:
-            text = text.translate(_ASCII_CLEAN)
-        if self.do_lower_case:
-            text = text.lower()
-        return _ASCII_WORDS.findall(text)
-
-    def _words_hf(self, text: str) -> list[str]:
-        """`words` for the Hugging Face tokenizer, one character at a time."""
-        if self.clean_text:
-            text = "".join(" " if c in _WHITESPACE else c for c in text if not _hf_deleted(c))
-        if self.tokenize_chinese_chars:
-            text = "".join(f" {c} " if _is_cjk(ord(c)) else c for c in text)
-        strip = self.do_lower_case if self.strip_accents is None else self.strip_accents
-        if strip:
-            text = "".join(c for c in _hf_nfd(text) if not _hf_mn(c))
-        if self.do_lower_case:
-            text = "".join(c.lower() for c in text)      # per character: no final-sigma rule
-        words, cur = [], []
-        for c in text:
-            if c in _WHITESPACE:
-                if cur:
-                    words.append("".join(cur))
-                    cur = []
-            elif _hf_punct(c):
-                if cur:
-                    words.append("".join(cur))
-                    cur = []
-                words.append(c)
-            else:
-                cur.append(c)
-        if cur:
-            words.append("".join(cur))
-        return words
+        engine = self._engines()[1]
+        text = _SURROGATES.sub("", text)
+        if engine.normalizer is not None:
+            text = engine.normalizer.normalize_str(text)
+        if engine.pre_tokenizer is None:
+            return [text] if text else []
+        return [w for w, _ in engine.pre_tokenizer.pre_tokenize_str(text)]
 
     def _words_llama_cpp(self, text: str) -> list[str]:
         strip = self.do_lower_case if self.strip_accents is None else self.strip_accents
@@ -618,26 +544,6 @@ class WordPieceTokenizer:
         if cur:
             words.append("".join(cur))
         return words
-
-    def _wordpiece(self, word: str) -> list[int]:
-        """Greedy longest-match-first: the word's pieces, or [UNK] for the whole word."""
-        if self._phantom is not None:
-            return self._wordpiece_phantom(word)
-        if len(word) > self.max_input_chars_per_word:
-            return [self.unk_id]
-        vocab, out, start, n = self.vocab, [], 0, len(word)
-        while start < n:
-            end = min(n, start + self.max_token_chars)
-            while end > start:
-                tid = vocab.get(word[start:end] if start == 0 else self.prefix + word[start:end])
-                if tid is not None:
-                    break
-                end -= 1
-            else:
-                return [self.unk_id]
-            out.append(tid)
-            start = end
-        return out
 
     def _wordpiece_phantom(self, word: str) -> list[int]:
         w = _PHANTOM + word
