@@ -281,6 +281,38 @@ def notebooks_index() -> str:
     return "\n".join(lines)
 
 
+SHRUNK_MARKER = "<!-- refimpl: shrunk example -->"
+
+
+def shrunk_example() -> str:
+    """A real hypothesis failure and what it shrank to, run now (docs/testing.md shows it): a soft_max that
+    forgets to subtract the row maximum, searched over `refimpl.testing.tensors`; derandomized, so every
+    build shows the same search."""
+    import numpy as np
+    from hypothesis import given, settings
+
+    import refimpl
+    from refimpl.testing import assert_nmse, tensors
+
+    def my_soft_max(x):                        # the planted bug: exp(x) overflows past x ~ 88.7
+        e = np.exp(np.asarray(x, np.float32))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    @settings(max_examples=500, derandomize=True, database=None, deadline=None, print_blob=False)
+    @given(tensors(types=["f32"], min_value=-100, max_value=100, views=False))
+    def test_my_soft_max(x):
+        with np.errstate(all="ignore"):
+            assert_nmse(my_soft_max(x), refimpl.ops.soft_max_ext(x), 1e-6, "soft_max")
+
+    try:
+        test_my_soft_max()
+    except AssertionError as e:
+        notes = [n for n in getattr(e, "__notes__", []) if n.startswith(("Falsifying", "Failing"))]
+        first = str(e).splitlines()[0]
+        return "\n".join(notes + [f"AssertionError: {first}"])
+    raise RuntimeError("the planted soft_max bug was not found: the docs example needs a new bug")
+
+
 def generated_pages() -> dict[str, str]:
     fams = families()
     kernels = _kernels()
@@ -340,6 +372,8 @@ def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri.startswith("notebooks/") and page.file.src_uri.endswith(".py"):
         _cwd.append(os.getcwd())
         os.chdir(NB_DIR)
+    if SHRUNK_MARKER in markdown:
+        markdown = markdown.replace(SHRUNK_MARKER, "```text\n" + shrunk_example() + "\n```")
     for name in OPTIONAL_PAGES:
         if files.get_file_from_path(name) is None:
             markdown = re.sub(r"\[([^\]]+)\]\((?:\.\./)*" + re.escape(name) + r"(#[^)]*)?\)",

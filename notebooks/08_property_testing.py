@@ -160,7 +160,8 @@ except AssertionError as e:
 # The shrunk case is the essence of the bug: `k = 1`, one row each, two `a` batches and four `b` batches
 # (`bs` and `nr` in the name: `a`'s batch counts and how many times `b` repeats them). With `repeat`, `b`'s
 # batches 0, 1 use `a`'s batch 0 and 2, 3 use batch 1; with `tile` they alternate, so the middle two results
-# are wrong. And it is not refimpl's opinion: real ggml computes the same as refimpl.
+# are wrong. The values shrink too, to refimpl's table of simple values (1, -0.5, 0.25, -1, ...), so the
+# four products can be checked by hand. And it is not refimpl's opinion: real ggml computes the same as refimpl.
 
 # %%
 if oracle.available():

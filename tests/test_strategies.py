@@ -45,16 +45,35 @@ def test_block_rows_are_float32_rows_of_whole_blocks(x):
 
 
 def test_a_failure_shrinks_to_few_simple_values():
-    """Tensors of up to 16 elements draw their values through hypothesis (hypothesis.extra.numpy.arrays), so a
-    failure among them reduces to a one-element tensor of a simple value, not a small shape of random floats."""
+    """Tensors of up to 16 elements draw their values through hypothesis, one element at a time with the
+    simple values (strategies.SIMPLE, mapped onto the range) first, so a failure among them reduces to a
+    small tensor of simple values, not a small shape of random floats."""
     from hypothesis import find
+    from refimpl.testing.strategies import SIMPLE
     quick = settings(max_examples=2000, derandomize=True, database=None)
     small = dict(views=False, max_ne0=4, max_ne=2, max_dims=2)
     x = find(tensors(**small), lambda x: np.asarray(x).max() > 1.0, settings=quick)
-    assert x.shape == (1,) and float(x[0]) == 2.0
+    assert x.shape == (1,) and float(x[0]) == 10.0           # SIMPLE[0] = 1.0 of [-1, 1] on [-10, 10]
     y = find(tensors(min_value=-1, max_value=1, **small), lambda x: np.asarray(x).size > 3 and
              np.abs(x).sum() > 1.5, settings=quick)
-    assert y.size == 4 and set(np.abs(y).ravel().tolist()) <= {0.0, 0.5, 1.0}
+    assert y.size == 4 and y.ravel().tolist() == list(SIMPLE[:4])
+    # a failure that needs one particular value: that value is simple too, the others from SIMPLE
+    z = find(tensors(min_value=-1, max_value=1, **small),
+             lambda x: ((np.asarray(x) > 0.3) & (np.asarray(x) < 0.35)).any(), settings=quick)
+    inside = [v for v in z.ravel().tolist() if 0.3 < v < 0.35]
+    assert z.size <= 4 and inside == [0.3125] and set(z.ravel().tolist()) - {0.3125} <= set(SIMPLE)
+
+
+def test_op_case_values_shrink_too():
+    """Op cases draw their values through hypothesis as well (one choice per element up to 16 elements): a
+    failure that a small case shows ends at one element of a simple value, its name printable for ggml."""
+    from hypothesis import find
+    from refimpl.testing import op_cases
+    quick = settings(max_examples=1000, derandomize=True, database=None)
+    c = find(op_cases("rms_norm"), lambda c: c.args[0].size <= 16 and np.abs(np.asarray(c.args[0])).max() > 5,
+             settings=quick)
+    assert c.args[0].size == 1 and float(np.asarray(c.args[0]).ravel()[0]) == 10.0     # SIMPLE[0] on [-10, 10]
+    assert c.name.startswith("RMS_NORM(type=f32,ne=[1]")
 
 
 @given(tensors(types=["f32"], min_dims=2, max_dims=3, min_value=-2, max_value=2,
@@ -62,3 +81,16 @@ def test_a_failure_shrinks_to_few_simple_values():
 @settings(max_examples=100)
 def test_hnp_style_arguments(x):
     assert 2 <= x.ndim <= 3 and np.all(np.abs(x) <= 2)
+
+
+@given(x=tensors(types=st.sampled_from(["f16", "q8_0"]), min_dims=2, max_dims=2, min_ne0=5, max_ne0=6, min_ne=3,
+                 max_ne=3, min_blocks=2, max_blocks=2, views=False),
+       rows=block_rows(st.just("q4_0"), min_rows=2, max_rows=2, min_blocks=3, max_blocks=3))
+@settings(max_examples=60)
+def test_min_max_pairs_and_strategy_arguments(x, rows):
+    """hnp's conventions: min_/max_ pairs for every size, and a strategy wherever a type is asked for."""
+    if isinstance(x, QTensor):
+        assert x.type == refimpl.GGMLType.Q8_0 and x.shape == (3, 64)
+    else:
+        assert x.dtype == np.float16 and x.shape[0] == 3 and 5 <= x.shape[1] <= 6
+    assert rows.shape == (2, 96)

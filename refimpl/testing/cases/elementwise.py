@@ -97,7 +97,9 @@ def _binary(draw, op: str):
     nb = [n // draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0])) for n in na]  # tiles
     lo = 0.5 if op == "div" else -1.0                   # div: |b| >= 0.5, as test-backend-ops
     a = _view(draw, values_as(values(draw, shape(na)), ta))
-    bv = values(draw, shape(nb), lo, 1.0) * (np.sign(values(draw, shape(nb))) if op == "div" else 1)
+    bv = values(draw, shape(nb), lo, 1.0)
+    if op == "div":                                     # either sign, never 0
+        bv = bv * np.where(values(draw, shape(nb)) < 0, -1, 1).astype(np.float32)
     b = values_as(bv, tb)
     if not isinstance(b, QTensor):
         b = maybe_view(draw, b, transposed=True)      # src1 may have any layout, even strided rows
