@@ -209,7 +209,6 @@ def _model_path(args):
 
 def _load_llama(args):
     import os
-    from .models import llama
     l2c = _llama2c_path(args)
     if l2c:
         return _load_llama2c(args, l2c)
@@ -226,13 +225,27 @@ def _load_llama(args):
             w = 30
             print(f"\rloading {os.path.basename(str(path))} [{'#' * (w * i // n):{w}s}] {100 * i // n:3d}%",
                   end="\n" if i == n else "", file=sys.stderr, flush=True)
+    from . import gguf
+    f = gguf.load(path)
     if getattr(args, "verify_checkpoint", False):
-        from . import gguf
-        _verify_weights(path, gguf.load(path).tensors.items())
-    m = llama.load(path, dequantize_weights=deq, progress=bar)
+        _verify_weights(path, f.tensors.items())
+    m = _decoder_for(f).load(f, dequantize_weights=deq, progress=bar)
     print(f"[loaded {m.path} ({m.hparams.arch}, {m.hparams.n_layer} layers) in {time.perf_counter() - t0:.2f} s]",
           file=sys.stderr)
     return m
+
+
+def _decoder_for(f):
+    """The model module that runs a GGUF: refimpl.models.gemma3 for general.architecture "gemma3", else
+    refimpl.models.llama (which names the architectures it runs when it refuses one)."""
+    from .models import gemma3, llama
+    return gemma3 if f.metadata.get("general.architecture") in gemma3.ARCHS else llama
+
+
+def _decoder(m):
+    """The module of a loaded decoder model (its forward, generate, new_cache, format_chat)."""
+    from .models import gemma3, llama
+    return gemma3 if isinstance(m, gemma3.Gemma3Model) else llama
 
 
 def _cmd_generate(args) -> int:
@@ -244,8 +257,8 @@ def _cmd_generate(args) -> int:
 
 
 def _generate_llama(args) -> int:
-    from .models import llama
     m = _load_llama(args)
+    llama = _decoder(m)
     prompt = args.prompt
     if _llama2c_path(args):
         if args.chat_format:
@@ -303,8 +316,8 @@ def _cmd_chat(args) -> int:
 
 
 def _chat_llama(args) -> int:
-    from .models import llama
     m = _load_llama(args)
+    llama = _decoder(m)
     if _llama2c_path(args):
         return _chat_llama2c(args, m)
     sampler = _sampler(args)

@@ -405,6 +405,15 @@ def _llama_family() -> Family:
     return Family("llama", llama.load, lambda m: m.layers[0].ffn_down, run, aliases=ALIASES)
 
 
+def _gemma3_family() -> Family:
+    from .models import gemma3
+
+    def run(model, tokens, capture, cache_dtype=None):
+        cache = gemma3.new_cache(model, max(len(tokens), 1), dtype=cache_dtype)
+        return gemma3.forward(model, tokens, cache, capture=capture)
+    return Family("gemma3", gemma3.load, lambda m: m.layers[0].ffn_down, run, aliases=ALIASES)
+
+
 def _bert_family() -> Family:
     """BERT: llama.cpp runs it with embeddings on and the model's pooling (mean when the GGUF names none);
     the last row compares refimpl's pooled embedding (`bert.pool`, not normalized) with
@@ -455,6 +464,8 @@ def family(arch: str) -> Family:
         return _bert_family()
     if arch in ("rwkv6", "rwkv7"):
         return _rwkv_family(arch)
+    if arch == "gemma3":
+        return _gemma3_family()
     return _llama_family()
 
 
@@ -505,9 +516,12 @@ def run_refimpl(model, tokens, *, numerics: str = "exact", cache_dtype=None, fam
 
 def _family_of(model) -> Family:
     from .models.bert import BertModel
+    from .models.gemma3 import Gemma3Model
     from .models.rwkv import RwkvModel
     if isinstance(model, BertModel):
         return _bert_family()
+    if isinstance(model, Gemma3Model):
+        return _gemma3_family()
     if isinstance(model, RwkvModel):
         return _rwkv_family(f"rwkv{model.version}")
     return _llama_family()

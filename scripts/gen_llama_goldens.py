@@ -91,6 +91,13 @@ llama_greedy64_smollm2.npz   `--only greedy64`: 64 greedy tokens per prompt of t
                            (row 0: the prompt's last position; rows 1..: single-token decodes); the top-2
                            margin of step k is top_logits[k, 0] - top_logits[k, 1]
 
+gemma3_270m.npz   `--only gemma3`: the real Gemma 3 270M Q4_K_M (`refimpl fetch gemma3`), the prompts of PROMPTS and
+                  three more, llama.cpp on ONE thread; per prompt p{i}_prompt_ids, p{i}_greedy_ids (32, one
+                  llama_decode per token), p{i}_tf_ids (prompt + greedy[:31]) and p{i}_tf_top_ids/_logits
+                  (top 16 of every position of ONE batched llama_decode over tf_ids); meta gives each
+                  position's SHA-256 of its full f32 logits row (the vocabulary is 262,144: the rows
+                  themselves would not fit), the greedy text and the first end-of-generation token
+
 llama_tiny.npz   tiny random Llama GGUFs (tests/models/tiny.py's `write_tiny_llama`, fixed seeds), one per
                  entry of TINY_MODELS: GQA and MHA, tied and untied output, rope bases 1e4 .. 1e6, weights
                  F32, F16, Q8_0, Q4_0. Each file is written to a temporary directory and run through the
@@ -247,7 +254,7 @@ class LogCapture:
         return "".join(self.lines)
 
 
-def load_llama(path, *, vocab_only: bool, logits_all: bool = False):
+def load_llama(path, *, vocab_only: bool, logits_all: bool = False, n_threads: int = N_THREADS):
     """llama_cpp.Llama with extra buffer types (weight repacking) off; returns (llm, settings)."""
     import llama_cpp
     import llama_cpp.llama_cpp as C
@@ -262,7 +269,7 @@ def load_llama(path, *, vocab_only: bool, logits_all: bool = False):
     C.llama_model_default_params = no_repack_params
     try:
         settings = dict(vocab_only=vocab_only, use_mmap=True, use_mlock=False, n_gpu_layers=0, seed=SEED,
-                        n_ctx=512, n_batch=512, n_ubatch=512, n_threads=N_THREADS, n_threads_batch=N_THREADS,
+                        n_ctx=512, n_batch=512, n_ubatch=512, n_threads=n_threads, n_threads_batch=n_threads,
                         logits_all=logits_all, flash_attn=False, offload_kqv=False, verbose=False)
         llm = llama_cpp.Llama(str(path), **settings)
     finally:
@@ -640,11 +647,84 @@ def write_json(path: str, doc: dict) -> None:
     print(f"wrote {path} ({len(text)} bytes)")
 
 
+GEMMA3_PROMPTS = PROMPTS + [
+    ("question", "Q: Why is the sky blue?\nA:"),
+    ("list", "Three things to pack for a beach holiday:\n1."),
+    ("translation", "English: Good morning, how are you?\nFrench:"),
+]
+
+
+def gen_gemma3(model: str, out: str, log: LogCapture) -> None:
+    """gemma3_270m.npz: llama.cpp on the real Gemma 3 270M (`refimpl fetch gemma3`), one thread (bit-level
+    goldens), every prompt of GEMMA3_PROMPTS: the prompt's ids, 32 greedy tokens (one llama_decode per token),
+    then ONE batched llama_decode over prompt + greedy[:31] (teacher forcing) with its top-16 logits and the
+    SHA-256 of every position's full f32 logits row (262,144 values each: too many to store, enough to check
+    refimpl's numerics="ggml" bit for bit)."""
+    import llama_cpp
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    md = rgguf.load(model).metadata
+    tokens = md["tokenizer.ggml.tokens"]
+    if md.get("tokenizer.chat_template"):
+        fmt = Jinja2ChatFormatter(md["tokenizer.chat_template"], eos_token=tokens[md["tokenizer.ggml.eos_token_id"]],
+                                  bos_token=tokens[md["tokenizer.ggml.bos_token_id"]])
+    else:                 # the 270M GGUF carries no template: Gemma's turn format, written out (no BOS: added)
+        fmt = lambda messages: type("P", (), {"prompt": "".join(   # noqa: E731
+            f"<start_of_turn>{'model' if m['role'] == 'assistant' else m['role']}\n{m['content']}<end_of_turn>\n"
+            for m in messages) + "<start_of_turn>model\n"})
+    n0 = len(log.lines)
+    llm, settings = load_llama(model, vocab_only=False, logits_all=True, n_threads=1)
+    load_log = [ln for ln in "".join(log.lines[n0:]).splitlines()
+                if "buffer size" in ln or "REPACK" in ln or "repack" in ln or "extra" in ln or "swa" in ln.lower()]
+    v = llama_cpp.llama_model_get_vocab(llm.model)
+    arrays, prompts = {}, []
+    for i, (name, text) in enumerate(GEMMA3_PROMPTS):
+        if text is None:
+            text = fmt(messages=CHAT).prompt
+        ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+        n = len(ids)
+        llm.reset()
+        llm.eval(ids)
+        greedy = [int(np.argmax(llm.scores[n - 1]))]
+        for _ in range(N_GREEDY - 1):
+            llm.eval([greedy[-1]])
+            greedy.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        tf_ids = ids + greedy[:-1]
+        llm.reset()
+        llm.eval(tf_ids)
+        tf = np.array(llm.scores[:len(tf_ids)], dtype=np.float32)
+        tf_argmax = tf[n - 1:].argmax(-1).tolist()
+        eog = [k for k, t in enumerate(greedy) if llama_cpp.llama_vocab_is_eog(v, t)]
+        p = f"p{i}_"
+        arrays[p + "prompt_ids"] = np.array(ids, np.int32)
+        arrays[p + "greedy_ids"] = np.array(greedy, np.int32)
+        arrays[p + "tf_ids"] = np.array(tf_ids, np.int32)
+        arrays[p + "tf_top_ids"], arrays[p + "tf_top_logits"] = top_k(tf)
+        prompts.append({"name": name, "text": text, "n_prompt": n, "messages": CHAT if name == "chat" else None,
+                        "greedy_text": detokenize(llm, greedy).decode("utf-8", "replace"),
+                        "first_eog": eog[0] if eog else None,
+                        "tf_argmax_mismatches": [k for k, (a, b) in enumerate(zip(tf_argmax, greedy)) if a != b],
+                        "tf_row_sha256": [hashlib.sha256(np.ascontiguousarray(r).tobytes()).hexdigest() for r in tf]})
+    meta = {"about": "llama.cpp logits of Gemma 3 270M Q4_K_M; see scripts/gen_llama_goldens.py --only gemma3",
+            "build": build_info(llama_cpp), "settings": settings, "model": os.path.basename(model),
+            "model_sha256": sha256_file(model), "top_k": TOP_K, "n_greedy": N_GREEDY,
+            "path": "llama.cpp CPU backend (ggml-cpu AVX2/FMA/F16C, GGML_USE_LLAMAFILE sgemm compiled in), one "
+                    "thread, no weight repacking (use_extra_bufts=False), flash attention off, KV cache f16, "
+                    "greedy: one llama_decode per token; teacher forcing: one llama_decode over prompt + "
+                    "greedy[:31] (one micro-batch, n_ubatch=512)",
+            "load_log": load_log, "prompts": prompts}
+    del llm
+    path = os.path.join(out, "gemma3_270m.npz")
+    np.savez_compressed(path, meta=np.array(json.dumps(meta, ensure_ascii=False)), **arrays)
+    print(f"wrote {path} ({os.path.getsize(path)} bytes)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(model_path("smollm2")))
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--only", choices=("tokens", "logits", "tiny", "greedy64"))
+    ap.add_argument("--only", choices=("tokens", "logits", "tiny", "greedy64", "gemma3"))
+    ap.add_argument("--gemma3", default=str(model_path("gemma3")), help="the Gemma 3 270M GGUF (refimpl fetch gemma3)")
     args = ap.parse_args()
     import llama_cpp
     if llama_cpp.__version__ != LLAMA_CPP_PYTHON:
@@ -660,6 +740,8 @@ def main() -> int:
         gen_tiny(args.out, log)
     if args.only in (None, "greedy64"):
         gen_greedy64(args.model, args.out, log)
+    if args.only in (None, "gemma3"):
+        gen_gemma3(args.gemma3, args.out, log)
     return 0
 
 

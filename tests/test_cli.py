@@ -53,3 +53,16 @@ def test_version_has_one_source():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"refimpl {refimpl.__version__}", (r.stdout, r.stderr)
     assert importlib.metadata.version("refimpl") == refimpl.__version__
+
+
+def test_generate_runs_gemma3():
+    """`refimpl generate -m` on the real Gemma 3 270M (refimpl.models.gemma3): greedy, llama.cpp's first tokens
+    (tests/golden_data/gemma3_270m.npz: " the capital of the country of France.")."""
+    from refimpl.fetch import path
+    p = path("gemma3")
+    if not p.is_file():
+        pytest.fail("Gemma 3 GGUF not in the cache: refimpl fetch gemma3 (scripts/test.sh does)")
+    r = run("generate", "-m", str(p), "-p", "The capital of France is", "-n", "6", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("The capital of France is the capital of the country"), r.stdout
+    assert "(gemma3, 18 layers)" in r.stderr and "6 tokens" in r.stderr

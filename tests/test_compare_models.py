@@ -204,3 +204,11 @@ def test_libm_keeps_the_sign_of_zero():
     from refimpl.kernels.ggml.simd import libm
     out = libm("tanhf", np.array([0.0, -0.0, -0.0, 0.0], np.float32))
     assert list(np.signbit(out)) == [False, True, True, False]
+
+
+def test_compare_knows_gemma3():
+    """`refimpl compare` runs a gemma3 GGUF through refimpl.models.gemma3 (tests/models/test_gemma3.py holds
+    the node-by-node and bit-level results on the real model)."""
+    from refimpl import compare
+    fam = compare.family("gemma3")
+    assert fam.name == "gemma3" and fam.load.__module__ == "refimpl.models.gemma3"

@@ -46,8 +46,9 @@ ROPE_NORMAL, ROPE_NEOX = 0, 2
 # (llama_model_rope_type): the converter permutes llama/mistral Q/K rows so that adjacent pairs (NORMAL)
 # reproduce HF's rotate-half; qwen2 keeps halves (NEOX) and adds Q/K/V biases. llama is compared with
 # llama.cpp in the tests (SmolLM2 and tiny random models); mistral is llama's graph under another name;
-# qwen2 runs but has no llama.cpp golden yet. Architectures with other norms or scalings (gemma's
-# 1 + w norms and embedding scale, granite's multipliers, qwen3's Q/K norms, phi3's fused QKV) are refused.
+# qwen2 runs but has no llama.cpp golden yet. gemma3 has its own graph (refimpl.models.gemma3); other
+# architectures with other norms or scalings (granite's multipliers, qwen3's Q/K norms, phi3's fused QKV)
+# are refused.
 ROPE_MODE = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX}
 
 
@@ -70,18 +71,21 @@ class HParams:
     rope_mode: int
 
     @classmethod
-    def from_gguf(cls, kv: dict, n_vocab: int, where="GGUF") -> "HParams":
+    def from_gguf(cls, kv: dict, n_vocab: int, where="GGUF", rope_modes: dict | None = None) -> "HParams":
         """Hyper-parameters from GGUF metadata; n_vocab is used when `{arch}.vocab_size` is absent.
+        rope_modes: the architectures accepted, with llama.cpp's rope type of each (default ROPE_MODE;
+        refimpl.models.gemma3 passes its own).
 
         Every value is checked (type, range, divisibility) and a bad one raises ValueError naming `where`
         (the file), the key, the value found and what was expected."""
+        rope_modes = ROPE_MODE if rope_modes is None else rope_modes
         arch = kv.get("general.architecture")
         if arch is None:
             raise ValueError(f"{where}: GGUF metadata has no general.architecture; expected one of "
-                             f"{sorted(ROPE_MODE)}")
-        if not isinstance(arch, str) or arch not in ROPE_MODE:
+                             f"{sorted(rope_modes)}")
+        if not isinstance(arch, str) or arch not in rope_modes:
             raise ValueError(f"{where}: architecture {arch!r} is not a llama-family model refimpl runs "
-                             f"(known: {sorted(ROPE_MODE)})")
+                             f"(known: {sorted(rope_modes)}; gemma3 through refimpl.models.gemma3)")
 
         g = getter(kv, f"{arch}.", where)
 
@@ -133,7 +137,7 @@ class HParams:
                    head_dim=head_dim, n_ff=int(n_ff), n_rot=n_rot,
                    rms_eps=real("attention.layer_norm_rms_epsilon", lo=0.0),
                    rope_base=real("rope.freq_base", 10000.0, above=0.0),
-                   rope_freq_scale=1.0 / factor if scaling == "linear" else 1.0, rope_mode=ROPE_MODE[arch])
+                   rope_freq_scale=1.0 / factor if scaling == "linear" else 1.0, rope_mode=rope_modes[arch])
 
 
 @dataclass(frozen=True)
@@ -499,6 +503,14 @@ def generate(model: LlamaModel, prompt, max_tokens: int = 64, sampler=None, *, c
     Stops at EOS/EOT, after max_tokens, or when the text so far ends with one of `stop` (the stop string
     itself is not yielded). `cache` (e.g. a forked conversation) is continued if given.
     """
+    return decode_loop(forward, model, prompt, max_tokens, sampler, cache=cache, stop=stop, add_special=add_special,
+                       on_token=on_token)
+
+
+def decode_loop(forward_fn, model, prompt, max_tokens: int = 64, sampler=None, *, cache: KVCache | None = None,
+                stop: tuple[str, ...] = (), add_special: bool = True, on_token=None):
+    """`generate` for any decoder whose `forward_fn(model, tokens, cache, last_only=...)` appends to a KVCache
+    (llama's here, refimpl.models.gemma3's)."""
     from ..sampling import Sampler
     sampler = sampler or Sampler()
     tok = model.tokenizer
@@ -511,7 +523,7 @@ def generate(model: LlamaModel, prompt, max_tokens: int = 64, sampler=None, *, c
     end = {int(i) for i in (getattr(tok, "eog_ids", None) or ()) if i is not None and i >= 0}
     end |= {i for i in (getattr(tok, "eos_id", None), getattr(tok, "eot_id", None)) if i is not None and i >= 0}
     history = list(ids)
-    logits = forward(model, ids, cache, last_only=True)[-1]
+    logits = forward_fn(model, ids, cache, last_only=True)[-1]
     stream = tok.stream()
     text, held = "", ""
     for _ in range(max_tokens):
@@ -541,7 +553,7 @@ def generate(model: LlamaModel, prompt, max_tokens: int = 64, sampler=None, *, c
             yield piece
         if cache.n_past >= cache.n_ctx:
             break
-        logits = forward(model, [t], cache)[-1]
+        logits = forward_fn(model, [t], cache)[-1]
     tail = stream.flush() if hasattr(stream, "flush") else ""     # an incomplete UTF-8 end: U+FFFD
     if held or tail:
         yield held + tail
