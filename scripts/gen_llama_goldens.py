@@ -98,6 +98,9 @@ gemma3_270m.npz   `--only gemma3`: the real Gemma 3 270M Q4_K_M (`refimpl fetch 
                   position's SHA-256 of its full f32 logits row (the vocabulary is 262,144: the rows
                   themselves would not fit), the greedy text and the first end-of-generation token
 
+llama_tiny_archs.npz  `--only tiny-archs`: the same for TINY_ARCH_MODELS, llama.cpp architectures that
+                 refimpl.models.llama runs besides llama (qwen3: Q/K norms), written by the same writer
+
 llama_tiny.npz   tiny random Llama GGUFs (tests/models/tiny.py's `write_tiny_llama`, fixed seeds), one per
                  entry of TINY_MODELS: GQA and MHA, tied and untied output, rope bases 1e4 .. 1e6, weights
                  F32, F16, Q8_0, Q4_0. Each file is written to a temporary directory and run through the
@@ -591,13 +594,22 @@ def tiny_tokens(n_vocab: int) -> np.ndarray:
     return t
 
 
-def gen_tiny(out: str, log: LogCapture) -> None:
+# llama.cpp architectures refimpl.models.llama runs besides llama (the same writer, arch=...)
+TINY_ARCH_MODELS = {
+    "qwen3_f32_gqa4x2_untied": dict(n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
+                                    rope_base=1000000.0, tied=False, wtype="f32", seed=10, arch="qwen3"),
+    "qwen3_q8_0_mha4_tied": dict(n_vocab=128, n_embd=64, n_layer=3, n_head=4, n_head_kv=4, n_ff=128,
+                                 rope_base=1000000.0, tied=True, wtype="q8_0", seed=11, arch="qwen3"),
+}
+
+
+def gen_tiny(out: str, log: LogCapture, models_in: dict | None = None, fname: str = "llama_tiny.npz") -> None:
     import llama_cpp
     from tests.models.tiny import write_tiny_llama
 
     arrays, models, load_log, settings = {}, [], [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for name, args in TINY_MODELS.items():
+        for name, args in (TINY_MODELS if models_in is None else models_in).items():
             p = os.path.join(tmp, f"{name}.gguf")
             write_tiny_llama(p, **args)
             n0 = len(log.lines)
@@ -627,7 +639,7 @@ def gen_tiny(out: str, log: LogCapture) -> None:
                     "no weight repacking (use_extra_bufts=False), flash attention off, KV cache f16, "
                     "one llama_decode per sequence (logits for all positions), one micro-batch (n_ubatch=512)",
             "load_log": load_log, "models": models}
-    path = os.path.join(out, "llama_tiny.npz")
+    path = os.path.join(out, fname)
     np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
@@ -723,7 +735,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(model_path("smollm2")))
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--only", choices=("tokens", "logits", "tiny", "greedy64", "gemma3"))
+    ap.add_argument("--only", choices=("tokens", "logits", "tiny", "tiny-archs", "greedy64", "gemma3"))
     ap.add_argument("--gemma3", default=str(model_path("gemma3")), help="the Gemma 3 270M GGUF (refimpl fetch gemma3)")
     args = ap.parse_args()
     import llama_cpp
@@ -738,6 +750,8 @@ def main() -> int:
         gen_logits(args.model, args.out, log)
     if args.only in (None, "tiny"):
         gen_tiny(args.out, log)
+    if args.only in (None, "tiny-archs"):
+        gen_tiny(args.out, log, TINY_ARCH_MODELS, "llama_tiny_archs.npz")
     if args.only in (None, "greedy64"):
         gen_greedy64(args.model, args.out, log)
     if args.only in (None, "gemma3"):

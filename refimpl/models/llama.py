@@ -46,10 +46,11 @@ ROPE_NORMAL, ROPE_NEOX = 0, 2
 # (llama_model_rope_type): the converter permutes llama/mistral Q/K rows so that adjacent pairs (NORMAL)
 # reproduce HF's rotate-half; qwen2 keeps halves (NEOX) and adds Q/K/V biases. llama is compared with
 # llama.cpp in the tests (SmolLM2 and tiny random models); mistral is llama's graph under another name;
-# qwen2 runs but has no llama.cpp golden yet. gemma3 has its own graph (refimpl.models.gemma3); other
-# architectures with other norms or scalings (granite's multipliers, qwen3's Q/K norms, phi3's fused QKV)
-# are refused.
-ROPE_MODE = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX}
+# qwen2 runs but has no llama.cpp golden yet; qwen3 is llama's graph with Q/K norms (tiny random models
+# compared with llama.cpp). gemma3 has its own graph (refimpl.models.gemma3); architectures with other norms
+# or scalings (granite's multipliers, phi3's fused QKV, ...) are refused (docs/models.md lists them).
+ROPE_MODE = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX}
+QK_NORM = frozenset({"qwen3"})     # llm_build_qwen3: Q and K RMS-normed per head (attn_q_norm, attn_k_norm) before rope
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ class Layer:
     bq: A = None
     bk: A = None
     bv: A = None
+    attn_q_norm: A = None        # qwen3: per-head RMS norm gains (head_dim,)
+    attn_k_norm: A = None
 
 
 @dataclass
@@ -260,7 +263,9 @@ def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
             ffn_down=t("ffn_down.weight", (hp.n_embd, hp.n_ff)),
             bq=t("attn_q.bias", (n_q,), "vector") if have else None,
             bk=t("attn_k.bias", (n_kv,), "vector") if have else None,
-            bv=t("attn_v.bias", (n_kv,), "vector") if have else None))
+            bv=t("attn_v.bias", (n_kv,), "vector") if have else None,
+            attn_q_norm=t("attn_q_norm.weight", (hp.head_dim,), "vector") if hp.arch in QK_NORM else None,
+            attn_k_norm=t("attn_k_norm.weight", (hp.head_dim,), "vector") if hp.arch in QK_NORM else None))
     _tensor(f, "output.weight", (hp.n_vocab, hp.n_embd), path, required=False)
     output_norm = _tensor(f, "output_norm.weight", (hp.n_embd,), path, "vector")
     output = f.tensors.get("output.weight", emb)
@@ -429,9 +434,13 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
         positions = np.arange(pos, pos + T, dtype=np.int32)
     rope = lambda t: rope_ext(t, positions, None, n_dims=hp.n_rot, mode=hp.rope_mode,  # noqa: E731
                               n_ctx_orig=hp.n_ctx_train, freq_base=hp.rope_base, freq_scale=hp.rope_freq_scale)
-    q = rope(q.reshape(T, hp.n_head, D))
-    k = rope(k.reshape(T, hp.n_head_kv, D))
-    v = v.reshape(T, hp.n_head_kv, D)
+    q, k, v = q.reshape(T, hp.n_head, D), k.reshape(T, hp.n_head_kv, D), v.reshape(T, hp.n_head_kv, D)
+    if w.attn_q_norm is not None:                    # qwen3: per-head RMS norms before rope
+        q = mul(rms_norm(q, hp.rms_eps), c(w.attn_q_norm))
+        cap(f"Qcur_normed-{il}", q)
+        k = mul(rms_norm(k, hp.rms_eps), c(w.attn_k_norm))
+        cap(f"Kcur_normed-{il}", k)
+    q, k = rope(q), rope(k)
     cap(f"Qcur-{il}", q)
     cap(f"Kcur-{il}", k)
     cap(f"Vcur-{il}", v)

@@ -4,7 +4,8 @@ Under numerics="ggml" with an f16 KV cache refimpl follows llama.cpp's CPU graph
 "attention as llama.cpp's CPU build computes it"): the f16 cache cells go into the attention products, the
 attention spans a multiple of 256 cells, and products over >= 2 tokens take llamafile's tinyBLAS order.
 
-    tiny random Llamas (llama_tiny.npz)  F32, F16, Q8_0, Q4_0: identical bits at every position (the
+    tiny random Llamas (llama_tiny.npz, and qwen3's in llama_tiny_archs.npz)
+                                         F32, F16, Q8_0, Q4_0: identical bits at every position (the
                                          F32/F16 weight products over >= 2 tokens in llamafile's tinyBLAS
                                          order, as llama.cpp's build; ggml-python's build, the op-level
                                          oracle, has llamafile off, so the op emulation is vec_dot's).
@@ -30,8 +31,12 @@ from .tiny import write_tiny_llama
 pytestmark = pytest.mark.golden
 
 DATA = pathlib.Path(__file__).parent.parent / "golden_data"
-_T = np.load(DATA / "llama_tiny.npz", allow_pickle=False)
-TINY = {m["name"]: m for m in json.loads(str(_T["meta"]))["models"]}
+# llama itself, and the other architectures refimpl.models.llama runs (qwen3), with the same writer
+_FILES = [np.load(DATA / f, allow_pickle=False) for f in ("llama_tiny.npz", "llama_tiny_archs.npz")]
+TINY, _OF = {}, {}
+for _z in _FILES:
+    for _m in json.loads(str(_z["meta"]))["models"]:
+        TINY[_m["name"]], _OF[_m["name"]] = _m, _z
 N_GREEDY_CI = 8
 
 
@@ -52,7 +57,8 @@ def tiny(request, tmp_path_factory):
     """(entry, model, tokens, llama.cpp's logits) for one tiny model."""
     m = TINY[request.param]
     path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / f"{m['name']}.gguf", **m["writer_args"])
-    return m, llama.load(path), _T[f"{m['name']}_tokens"], _T[f"{m['name']}_logits"]
+    z = _OF[m["name"]]
+    return m, llama.load(path), z[f"{m['name']}_tokens"], z[f"{m['name']}_logits"]
 
 
 def test_tiny_ggml_mode_matches_llama_cpp(tiny, record_property):

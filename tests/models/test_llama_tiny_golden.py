@@ -27,10 +27,16 @@ from .tiny import write_tiny_llama
 
 pytestmark = pytest.mark.golden
 
-GOLDEN = pathlib.Path(__file__).parent.parent / "golden_data" / "llama_tiny.npz"
-_Z = np.load(GOLDEN, allow_pickle=False)
-META = json.loads(str(_Z["meta"]))
-MODELS = {m["name"]: m for m in META["models"]}
+DATA = pathlib.Path(__file__).parent.parent / "golden_data"
+# llama_tiny.npz: llama itself; llama_tiny_archs.npz: other llama.cpp architectures refimpl.models.llama runs
+# (qwen3: Q/K norms), from `--only tiny-archs` with the same writer and settings
+_FILES = [np.load(DATA / f, allow_pickle=False) for f in ("llama_tiny.npz", "llama_tiny_archs.npz")]
+MODELS, _ARRAYS = {}, {}
+for _z in _FILES:
+    for _m in json.loads(str(_z["meta"]))["models"]:
+        MODELS[_m["name"]] = _m
+        _ARRAYS[_m["name"]] = _z
+META = json.loads(str(_FILES[0]["meta"]))
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -41,11 +47,13 @@ def run(request, tmp_path_factory):
     digest = hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
     assert digest == m["gguf_sha256"], (
         f"{m['name']}: write_tiny_llama({m['writer_args']}) no longer writes the bytes llama.cpp ran "
-        f"(SHA-256 {digest} != {m['gguf_sha256']}); regenerate: python scripts/gen_llama_goldens.py --only tiny")
+        f"(SHA-256 {digest} != {m['gguf_sha256']}); regenerate: python scripts/gen_llama_goldens.py --only tiny"
+        f"{'-archs' if m['writer_args'].get('arch', 'llama') != 'llama' else ''}")
     model = llama.load(path)
-    tokens = _Z[f"{m['name']}_tokens"]
+    z = _ARRAYS[m["name"]]
+    tokens = z[f"{m['name']}_tokens"]
     ours = llama.forward(model, tokens, llama.new_cache(model, len(tokens)))
-    return m, ours, _Z[f"{m['name']}_logits"]
+    return m, ours, z[f"{m['name']}_logits"]
 
 
 def test_logits_match_llama_cpp(run, record_property):

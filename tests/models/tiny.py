@@ -27,8 +27,10 @@ def byte_level_vocab(n_vocab: int) -> dict:
 
 
 def write_tiny_llama(path, *, n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
-                     rope_base=50000.0, tied=False, wtype="f32", seed=0, vocab=True):
+                     rope_base=50000.0, tied=False, wtype="f32", seed=0, vocab=True, arch="llama"):
     """A llama-architecture GGUF with random weights (norm gains spread around 1, GQA when n_head_kv < n_head).
+    arch="qwen3": the same tensors plus each layer's Q/K norm gains (attn_q_norm, attn_k_norm), drawn after
+    all the others, and the metadata under "qwen3." (a llama file's bytes do not depend on the option).
 
     vocab=True adds `byte_level_vocab(n_vocab)` so that llama.cpp loads the file; the weights do not depend
     on it. The same arguments always give the same bytes (tests/models/test_llama_tiny_golden.py checks a
@@ -54,12 +56,18 @@ def write_tiny_llama(path, *, n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head
                   p + "attn_output.weight": w(n_embd, n_head * hd), p + "ffn_norm.weight": gain(n_embd),
                   p + "ffn_gate.weight": w(n_ff, n_embd), p + "ffn_up.weight": w(n_ff, n_embd),
                   p + "ffn_down.weight": w(n_embd, n_ff)})
-    md = {"general.architecture": "llama", "general.name": "tiny-random-llama",
-          "llama.context_length": 256, "llama.embedding_length": n_embd, "llama.block_count": n_layer,
-          "llama.feed_forward_length": n_ff, "llama.attention.head_count": n_head,
-          "llama.attention.head_count_kv": n_head_kv, "llama.rope.freq_base": float(rope_base),
-          "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": hd,
-          "llama.vocab_size": n_vocab}
+    if arch == "qwen3":
+        for i in range(n_layer):
+            t[f"blk.{i}.attn_q_norm.weight"], t[f"blk.{i}.attn_k_norm.weight"] = gain(hd), gain(hd)
+    elif arch != "llama":
+        raise ValueError(f"write_tiny_llama: arch {arch!r} (llama or qwen3)")
+    a = arch
+    md = {"general.architecture": arch, "general.name": f"tiny-random-{arch}",
+          f"{a}.context_length": 256, f"{a}.embedding_length": n_embd, f"{a}.block_count": n_layer,
+          f"{a}.feed_forward_length": n_ff, f"{a}.attention.head_count": n_head,
+          f"{a}.attention.head_count_kv": n_head_kv, f"{a}.rope.freq_base": float(rope_base),
+          f"{a}.attention.layer_norm_rms_epsilon": 1e-5, f"{a}.rope.dimension_count": hd,
+          f"{a}.vocab_size": n_vocab}
     if vocab:
         md.update(byte_level_vocab(n_vocab))
     gguf.save(path, md, t)
