@@ -79,7 +79,7 @@ def test_mkdocs_build_strict(tmp_path):
         assert (site / page).exists(), page
     testing = (site / "testing" / "index.html").read_text(encoding="utf-8")
     assert "refimpl: shrunk example" not in testing, "the shrunk example was not run into the testing page"
-    assert "x=array([100.], dtype=float32)" in testing, "the testing page's shrunk example (hypothesis, run by the hook)"
+    assert "x=array([100.], dtype=float32)" in testing, "the testing page's shrunk example (run by the hook)"
     norm = (site / "ops" / "norm" / "index.html").read_text(encoding="utf-8")
     assert "ggml_rms_norm" in norm and "numpy (r3, r2, r1, n)" in norm
     sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
