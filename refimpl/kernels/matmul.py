@@ -362,15 +362,20 @@ def _cache_rows(a: np.ndarray):
     and llama.cpp view it: heads interleaved, the first n_kv of a longer run of cells, V transposed), as
     (A, sG, sN): A 1-D over the elements from a's first to its last (f16 as uint16 bits), row (g, i) at
     A[g * sG + i * sN:][:k]. Anything else comes packed in f32 first."""
+    G, n, k = a.shape
+    bits = (lambda x: x.view(np.uint16)) if a.dtype == _F16 else (lambda x: x)
+    if a.flags.c_contiguous:                          # packed (G, n, k): a plain reshape, no stride tricks
+        return bits(a.reshape(-1)), n * k, k
+    t = a.transpose(1, 0, 2)
+    if t.flags.c_contiguous:                          # the models' cache (n, G, k), transposed
+        return bits(t.reshape(-1)), k, G * k
     it = a.itemsize
     s0, s1, s2 = a.strides
     if not (s2 == it and s0 >= 0 and s1 >= 0 and s0 % it == 0 and s1 % it == 0):
         a = np.ascontiguousarray(a, np.float32)
-        it, (s0, s1, s2) = 4, a.strides
-    G, n, k = a.shape
-    sG, sN = s0 // it, s1 // it
-    flat = np.lib.stride_tricks.as_strided(a.view(np.uint16) if a.dtype == _F16 else a,
-                                           ((G - 1) * sG + (n - 1) * sN + k,), (it,), writeable=False)
+        return a.reshape(-1), n * k, k
+    sG, sN = s0 // it, s1 // it                       # rows apart (the first n_kv cells of a longer cache)
+    flat = np.lib.stride_tricks.as_strided(bits(a), ((G - 1) * sG + (n - 1) * sN + k,), (it,), writeable=False)
     return flat, sG, sN
 
 
