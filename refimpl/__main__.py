@@ -152,7 +152,7 @@ def _chat_llama2c(args, m) -> int:
     on the first turn only) encoded with BOS, the reply sampled until EOS, which is then fed to close the turn;
     one KV cache for the whole conversation."""
     from .models import llama
-    tok, sampler = m.tokenizer, _sampler(args)
+    tok, sampler = m.tokenizer, _sampler(args, attention=False)
     cache = llama.new_cache(m, m.hparams.n_ctx_train)
     first = True
     for user in _user_turns():
@@ -181,12 +181,20 @@ def _chat_llama2c(args, m) -> int:
     return 0
 
 
-def _sampler(args):
-    from .sampling import Sampler
+def _sampler(args, attention: bool = True):
+    """The sampler the flags ask for; attention=False where the model's loop has no attention to give (RWKV, the
+    llama2.c chat): --sampler entropix is refused there."""
+    from .sampling import EntropixSampler, Sampler
+    entropix = getattr(args, "sampler", "default") == "entropix"
+    if entropix and not attention:
+        raise ValueError("--sampler entropix reads the last layer's attention: it runs with Llama-family GGUFs, "
+                         "Gemma 3 and llama2.c generate, not with RWKV or the llama2.c chat")
     if args.seed is None:                     # the seed's default: the current time, said so it can be repeated
         args.seed = int(time.time())
-        if args.temp > 0:
+        if args.temp > 0 or entropix:
             print(f"[seed {args.seed}: repeat with -r {args.seed}]", file=sys.stderr)
+    if entropix:
+        return EntropixSampler(seed=args.seed)
     return Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                    repeat_penalty=args.repeat_penalty, seed=args.seed)
 
@@ -287,6 +295,7 @@ def _generate_llama(args) -> int:
         n[0] += 1
         if n[0] == 1:
             first[0] = time.perf_counter()
+        _show_metrics(args, sampler, tok, t)
     if not args.chat_format:
         print(args.prompt, end="", flush=True)
     for piece in llama.generate(m, ids, steps, sampler, cache=llama.new_cache(m, n_ctx), on_token=counted):
@@ -296,6 +305,20 @@ def _generate_llama(args) -> int:
     end = time.perf_counter()
     print(f"\n[{_speed_line(len(ids), n[0], first[0] - t0, end - first[0])}; {_run_label(args)}]", file=sys.stderr)
     return 0
+
+
+def _show_metrics(args, sampler, tok, t) -> None:
+    """--show-metrics: one line per token on stderr with the entropix sampler's metrics and strategy."""
+    last = getattr(sampler, "last", None)
+    if not getattr(args, "show_metrics", False) or not last:
+        return
+    piece = tok.token_to_piece(t).decode("utf-8", "replace")
+    print(f"[entropix {last['strategy']:8s} token {t} {piece!r}: entropy {last['logits_entropy']:.3f} varentropy "
+          f"{last['logits_varentropy']:.3f} attn_entropy {last['attn_entropy']:.3f} attn_varentropy "
+          f"{last['attn_varentropy']:.4f} agreement {last['agreement']:.4f} "
+          f"interaction {last['interaction_strength']:.3f}"
+          + (f" temp {last['temperature']:.3f} top_k {last['top_k']} top_p {last['top_p']:.3f}"
+             f" min_p {last['min_p']:.3f}" if "temperature" in last else "") + "]", file=sys.stderr)
 
 
 def _speed_line(n_prompt: int, n_gen: int, first_s: float, rest_s: float) -> str:
@@ -328,7 +351,8 @@ def _chat_llama(args) -> int:
         messages.append({"role": "user", "content": user})
         prompt = llama.format_chat(m, messages)
         reply = []
-        for piece in llama.generate(m, prompt, args.n_predict if args.n_predict >= 0 else 1 << 30, sampler):
+        for piece in llama.generate(m, prompt, args.n_predict if args.n_predict >= 0 else 1 << 30, sampler,
+                                    on_token=lambda t: _show_metrics(args, sampler, m.tokenizer, t)):
             # stops at the model's end-of-generation tokens (llama.cpp's EOG set: <|im_end|>, <|eot_id|>, ...)
             reply.append(piece)
             print(piece, end="", flush=True)
@@ -482,7 +506,7 @@ def _generate_rwkv(args, path) -> int:
         if tok.bos_id is None:
             raise SystemExit("refimpl: error: empty prompt, and the vocabulary has no start token")
         ids = [tok.bos_id]
-    sampler = _CountingSampler(_sampler(args))
+    sampler = _CountingSampler(_sampler(args, attention=False))
     t0 = time.perf_counter()
     for piece in rwkv.generate(m, ids, max(args.n_predict, 0), sampler):
         print(piece, end="", flush=True)
@@ -584,7 +608,8 @@ def _chat_rwkv(args, path) -> int:
         held[0] = s[len(body):]
         print(body, end="", flush=True)
 
-    for _ in _rwkv_chat_turns(m, _sampler(args), _user_turns(), system=args.system, n_predict=args.n_predict,
+    sampler = _sampler(args, attention=False)
+    for _ in _rwkv_chat_turns(m, sampler, _user_turns(), system=args.system, n_predict=args.n_predict,
                               emit=emit):
         print()
         held[0], first[0] = "", True
@@ -611,6 +636,13 @@ def _add_sampling_args(s):
                    help="drop tokens less likely than min-p times the most likely one (default 0: off)")
     s.add_argument("--repeat-penalty", type=_above(0.0, "repeat-penalty"), default=1.0,
                    help="divide the logits of tokens already in the context by this (default 1: off)")
+    s.add_argument("--sampler", choices=["default", "entropix"], default="default",
+                   help="default: the chain of the flags above (llama.cpp's order); entropix: entropix's adaptive "
+                   "sampler (entropy and varentropy of the logits and of the last layer's attention choose the "
+                   "strategy, its own temperature, top-k, top-p and min-p; -r/--seed seeds it; Llama-family "
+                   "models and Gemma 3)")
+    s.add_argument("--show-metrics", action="store_true",
+                   help="with --sampler entropix: print each token's metrics and strategy on stderr")
     s.add_argument("--ctx-size", dest="ctx_size", type=_above(0, "ctx-size", int), default=None,
                    help="context length in tokens, the KV cache's size (default: what the prompt and -n need, up "
                    "to the model's training context)")

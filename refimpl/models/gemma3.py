@@ -312,4 +312,4 @@ def generate(model: Gemma3Model, prompt, max_tokens: int = 64, sampler=None, *, 
     forward): stops at the vocabulary's end-of-generation tokens (<end_of_turn>, <eos>), after max_tokens,
     or at one of `stop`."""
     return llama.decode_loop(forward, model, prompt, max_tokens, sampler, cache=cache, stop=stop,
-                             add_special=add_special, on_token=on_token)
+                             add_special=add_special, on_token=on_token, kq_scale=1.0)   # Q comes pre-scaled

@@ -513,15 +513,31 @@ def generate(model: LlamaModel, prompt, max_tokens: int = 64, sampler=None, *, c
     itself is not yielded). `cache` (e.g. a forked conversation) is continued if given.
     """
     return decode_loop(forward, model, prompt, max_tokens, sampler, cache=cache, stop=stop, add_special=add_special,
-                       on_token=on_token)
+                       on_token=on_token, kq_scale=1.0 / math.sqrt(model.hparams.head_dim))
 
 
 def decode_loop(forward_fn, model, prompt, max_tokens: int = 64, sampler=None, *, cache: KVCache | None = None,
-                stop: tuple[str, ...] = (), add_special: bool = True, on_token=None):
-    """`generate` for any decoder whose `forward_fn(model, tokens, cache, last_only=...)` appends to a KVCache
-    (llama's here, refimpl.models.gemma3's)."""
+                stop: tuple[str, ...] = (), add_special: bool = True, on_token=None, kq_scale: float = 1.0):
+    """`generate` for any decoder whose `forward_fn(model, tokens, cache, last_only=..., capture=...)` appends to
+    a KVCache (llama's here, refimpl.models.gemma3's). A sampler with `needs_attention` (the entropix sampler)
+    also gets the last layer's attention logits at the new position: its captured `kq-{n_layer-1}` times
+    kq_scale (the soft_max scale of that graph), over the cells in use."""
     from ..sampling import Sampler
     sampler = sampler or Sampler()
+    needs = bool(getattr(sampler, "needs_attention", False))
+    box: list = [None]
+    want = f"kq-{model.hparams.n_layer - 1}"
+
+    def grab(name, x):
+        if name == want:
+            box[0] = x
+
+    def step(tokens, **kw):
+        out = forward_fn(model, tokens, cache, capture=grab if needs else None, **kw)[-1]
+        if not needs:
+            return out, {}
+        kq = np.asarray(box[0])                       # (n_head, n_tokens, n_kv)
+        return out, {"scores": kq[:, -1, :cache.n_past].astype(np.float64) * kq_scale}
     tok = model.tokenizer
     ids = tok.encode(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
     if not ids:
@@ -532,11 +548,11 @@ def decode_loop(forward_fn, model, prompt, max_tokens: int = 64, sampler=None, *
     end = {int(i) for i in (getattr(tok, "eog_ids", None) or ()) if i is not None and i >= 0}
     end |= {i for i in (getattr(tok, "eos_id", None), getattr(tok, "eot_id", None)) if i is not None and i >= 0}
     history = list(ids)
-    logits = forward_fn(model, ids, cache, last_only=True)[-1]
+    logits, extra = step(ids, last_only=True)
     stream = tok.stream()
     text, held = "", ""
     for _ in range(max_tokens):
-        t = sampler.sample(logits, history)
+        t = sampler.sample(logits, history, **extra)
         if on_token:
             on_token(t)
         if t in end:
@@ -562,7 +578,7 @@ def decode_loop(forward_fn, model, prompt, max_tokens: int = 64, sampler=None, *
             yield piece
         if cache.n_past >= cache.n_ctx:
             break
-        logits = forward_fn(model, [t], cache)[-1]
+        logits, extra = step([t])
     tail = stream.flush() if hasattr(stream, "flush") else ""     # an incomplete UTF-8 end: U+FFFD
     if held or tail:
         yield held + tail
