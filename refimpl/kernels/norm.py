@@ -43,7 +43,7 @@ def _rms_norm(a, eps, out, lo, hi):
 def _norm_row(x, eps, o, sq):
     """One row of `norm` (see the module): x, o, sq (n,) f32 (o may be x; sq scratch)."""
     n = x.size
-    mean = np.float32(pairwise_sum_f64(x, 0, n)) / np.float32(n)
+    mean = np.float32(pairwise_sum_f64(x, 0, n) + 0.0) / np.float32(n)     # from +0.0, as ggml (and the reference)
     for i in range(n):
         y = x[i] - mean
         o[i] = y

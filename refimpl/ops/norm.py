@@ -123,7 +123,7 @@ def group_norm(a: np.ndarray, n_groups: int, eps: float) -> np.ndarray:
     for start in range(0, C, cpg):
         blk = a4[:, start:start + cpg]
         count = blk.shape[1] * blk.shape[2] * blk.shape[3]
-        s = np.sum(blk, axis=(1, 2, 3), keepdims=True, dtype=np.float64)
+        s = np.sum(blk, axis=(1, 2, 3), keepdims=True, dtype=np.float64) + 0.0     # ggml's sum starts at +0.0
         mean = (s / count).astype(np.float32)
         y = blk - mean
         var = (np.sum(np.square(y), axis=(1, 2, 3), keepdims=True, dtype=np.float64) / count).astype(np.float32)
@@ -154,7 +154,7 @@ def rms_norm_back(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     n = a.shape[-1]
     eps = np.float32(eps)
     sum_xx = np.sum(np.square(b), axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
-    sum_xdz = np.sum(b * a, axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
+    sum_xdz = (np.sum(b * a, axis=-1, keepdims=True, dtype=np.float64) + 0.0).astype(np.float32)   # from +0.0
     mean_eps = sum_xx / np.float32(n) + eps
     sum_eps = sum_xx + eps * np.float32(n)       # not fused in ggml-cpu's build (a golden case tells them apart)
     rrms = np.float32(1.0) / np.sqrt(mean_eps)
@@ -184,7 +184,8 @@ def norm(a: np.ndarray, eps: float) -> np.ndarray:
     """
     a, eps = np.asarray(a), np.float32(eps)           # checked by _check_norm
     n = a.shape[-1]
-    mean = np.sum(a, axis=-1, keepdims=True, dtype=np.float64).astype(np.float32) / np.float32(n)
+    # ggml sums from +0.0: a row of -0.0 has the mean +0.0 (NumPy's sum keeps the -0.0), so its output is -0.0
+    mean = (np.sum(a, axis=-1, keepdims=True, dtype=np.float64) + 0.0).astype(np.float32) / np.float32(n)
     y = a - mean
     var = (np.sum(np.square(y), axis=-1, keepdims=True, dtype=np.float64) / n).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):    # a constant row with eps 0 gives NaN, as in ggml

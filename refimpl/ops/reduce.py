@@ -14,11 +14,13 @@ from .elementwise import check_layout, load_f32, store_as, type_name
 
 
 def _seq_sum(x: np.ndarray, dtype) -> np.ndarray:
-    """Σ along the last axis, sequentially in index order (ggml's `for` loop), accumulating in dtype."""
+    """Σ along the last axis, sequentially in index order, accumulating in dtype: ggml's `sum = 0.0; for:
+    sum += x[i]`. Starting from +0.0 matters for one case only: a row of -0.0 sums to +0.0 (np.cumsum starts
+    from the first element and keeps -0.0; adding +0.0 at the end gives ggml's result for every row)."""
     if x.shape[-1] == 0:
         return np.zeros(x.shape[:-1], dtype)
     with np.errstate(all="ignore"):
-        return np.cumsum(x.astype(dtype), axis=-1, dtype=dtype)[..., -1]
+        return np.cumsum(x.astype(dtype), axis=-1, dtype=dtype)[..., -1] + dtype(0.0)
 
 
 @op("sum")

@@ -194,7 +194,8 @@ def _norm(a, eps, out):
     n = a.shape[1]
     x = a[r]
     o = out[r]
-    mean = np.float32(block_sum(x, n, False, leaf_lo, leaf_n, acc, leaf_sum, total)) / np.float32(n)
+    # + 0.0: ggml's sum starts at +0.0, so a row of -0.0 has the mean +0.0 (no fast-math: LLVM keeps the add)
+    mean = np.float32(block_sum(x, n, False, leaf_lo, leaf_n, acc, leaf_sum, total) + 0.0) / np.float32(n)
     for i in range(cuda.threadIdx.x, n, cuda.blockDim.x):
         o[i] = fsub(x[i], mean)
     cuda.syncthreads()

@@ -40,14 +40,14 @@ def _seq_sum_f64(terms: np.ndarray) -> np.ndarray:
     pairwise): (..., n) -> (..., 1) f64."""
     if terms.shape[-1] == 0:
         return np.zeros(terms.shape[:-1] + (1,), f64)
-    return np.cumsum(terms.astype(f64), axis=-1)[..., -1:]
+    return np.cumsum(terms.astype(f64), axis=-1)[..., -1:] + f64(0.0)     # from +0.0: a row of -0.0 sums to +0.0
 
 
 def _seq_sum_f32(terms: np.ndarray) -> np.ndarray:
     """`float sum = 0; sum += t` in index order: (..., n) f32 -> (..., 1) f32."""
     if terms.shape[-1] == 0:
         return np.zeros(terms.shape[:-1] + (1,), f32)
-    return np.cumsum(terms.astype(f32), axis=-1, dtype=f32)[..., -1:]
+    return np.cumsum(terms.astype(f32), axis=-1, dtype=f32)[..., -1:] + f32(0.0)
 
 
 def _chunked_sum(v: np.ndarray) -> np.ndarray:

@@ -58,6 +58,8 @@ def _norm_named():
         for eps in (0.0, 1e-5, 10.0):
             out.append(_row_op("norm", "ggml_norm", rng.uniform(-1, 1, shape(n)).astype(np.float32), eps))
     out.append(_row_op("norm", "ggml_norm", np.full((3, 64), 2.5, np.float32), 1e-5, ",constant"))
+    # rows of -0.0: ggml's mean is +0.0 (its sum starts there), so every output is -0.0 - 0.0 = -0.0
+    out.append(_row_op("norm", "ggml_norm", np.full((2, 17), -0.0, np.float32), 1e-5, ",negzero"))
     x = rng.uniform(-1, 1, (4, 6, 77)).astype(np.float32)
     out.append(_row_op("norm", "ggml_norm", np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2), 1e-5))
     # strided rows (a transposed view): ggml-cpu's scalar path sums mean and variance in f32

@@ -53,6 +53,8 @@ def _rows_named(op, types=("f32",)):
     out.append(_case(op, x, ",cancel"))
     out.append(_case(op, np.array([[np.inf, 1.0, 2.0], [-np.inf, np.inf, 0.0], [0.0, -0.0, -0.0]], np.float32),
                      ",inf"))
+    # rows of -0.0: ggml's sums start at +0.0, so they sum to +0.0 (found by the shrinking value strategies)
+    out.append(_case(op, np.full((2, 17), -0.0, np.float32), ",negzero"))
     x = rng.uniform(-1, 1, (3, 4, 40)).astype(np.float32)
     out.append(_case(op, np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2)))       # permuted rows
     return out
