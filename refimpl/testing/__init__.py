@@ -17,12 +17,28 @@ __all__ = ["BLOCK_KINDS", "tensors", "block_rows", "block_bytes", "qtensors", "m
 
 
 def assert_nmse(actual, expected, max_nmse: float, what: str = "") -> None:
+    """NMSE(actual, expected) <= max_nmse over the finite elements, once the others agree: NaN exactly where
+    expected has NaN, the same infinities where it has them (a NaN or inf anywhere else fails, naming it).
+    Every failure is raised from one place, so hypothesis reports one bug, not one per kind of message."""
     a, b = np.asarray(actual), np.asarray(expected)
+    problem = None
     if a.shape != b.shape:
-        raise AssertionError(f"{what}: shape {a.shape} != expected {b.shape}")
-    e = nmse(a, b)
-    if not e <= max_nmse:
-        raise AssertionError(f"{what}: NMSE {e:.3e} > {max_nmse:.1e}")
+        problem = f"shape {a.shape} != expected {b.shape}"
+    else:
+        with np.errstate(invalid="ignore"):
+            na, nb = np.isnan(a), np.isnan(b)
+            fa, fb = np.isfinite(a), np.isfinite(b)
+            same = (na == nb) & (fa == fb) & (fa | na | (a == b))
+        if not same.all():
+            ix = tuple(int(i) for i in np.argwhere(~same)[0])
+            problem = (f"non-finite values differ: at {ix} {a[ix]!r} != expected {b[ix]!r} "
+                       f"({int((~same).sum())} such places)")
+        else:
+            e = nmse(a[fa], b[fa]) if fa.any() else 0.0
+            if not e <= max_nmse:
+                problem = f"NMSE {e:.3e} > {max_nmse:.1e}"
+    if problem is not None:
+        raise AssertionError(f"{what}: {problem}")
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
