@@ -49,13 +49,12 @@ from .. import gguf as _gguf
 from ..dispatch import forward_scope
 from ..errors import LoadError
 from ..ops import add, geglu, get_rows, ggml_numerics, mul, mul_mat, rms_norm, rope_ext, scale, tanh
-from ..qtensor import QTensor
 from . import llama
 from .common import capture_fn, device_constant, getter, gpu_mode, to_device, to_host
 from .llama import (ROPE_NEOX, HParams, KVCache, attention, causal_mask, format_chat, n_kv_cells,  # noqa: F401
                     new_cache)
 
-A = Any  # np.ndarray or QTensor
+A = Any  # np.ndarray or refimpl.QTensor
 
 ARCHS = {"gemma3": ROPE_NEOX}
 SWA_PATTERN = 6                 # llama.cpp's load_swa_pattern(ml, 6) for gemma3
@@ -186,26 +185,7 @@ def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> Gemma3Model
             post_ffw_norm=vec("post_ffw_norm.weight", hp.n_embd)))
         if progress and not dequantize_weights:
             progress(i + 1, hp.n_layer + 1)
-    t0(f, "output.weight", (hp.n_vocab, hp.n_embd), path, required=False)
-    output_norm = t0(f, "output_norm.weight", (hp.n_embd,), path, "vector")
-    output = f.tensors.get("output.weight", emb)
-    if dequantize_weights:
-        from ..qtensor import dequantize
-        dq = lambda w: dequantize(w) if isinstance(w, QTensor) else w   # noqa: E731
-        done = []
-        for i, w in enumerate(layers):
-            done.append(Layer(**{k: dq(v) for k, v in vars(w).items()}))
-            if progress:
-                progress(i + 1, len(layers) + 1)
-        layers = done
-        output = dq(output)
-    if progress:
-        progress(1, 1)
-    tok = None
-    if tokenizer and "tokenizer.ggml.model" in kv:
-        from ..tokenizers import from_gguf
-        _gguf.check_tokenizer_metadata(kv, path)
-        tok = from_gguf(f)
+    output_norm, output, layers, tok = llama.finish_load(f, hp, emb, layers, tokenizer, dequantize_weights, progress)
     return Gemma3Model(hp, gp, emb, output_norm, output, layers, tok, kv, str(path))
 
 

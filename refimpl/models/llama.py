@@ -266,6 +266,16 @@ def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
             bv=t("attn_v.bias", (n_kv,), "vector") if have else None,
             attn_q_norm=t("attn_q_norm.weight", (hp.head_dim,), "vector") if hp.arch in QK_NORM else None,
             attn_k_norm=t("attn_k_norm.weight", (hp.head_dim,), "vector") if hp.arch in QK_NORM else None))
+    output_norm, output, layers, tok = finish_load(f, hp, emb, layers, tokenizer, dequantize_weights, progress)
+    return LlamaModel(hp, emb, output_norm, output, layers, tok, kv, str(path))
+
+
+def finish_load(f, hp: HParams, emb, layers: list, tokenizer: bool, dequantize_weights: bool, progress):
+    """What every decoder's load ends with (llama's, refimpl.models.gemma3's): the output norm and the output
+    weight checked (token_embd when it is tied), the layers' weights dequantized once if asked (their
+    dataclass rebuilt field by field), progress reported, and the GGUF's tokenizer built.
+    Returns (output_norm, output, layers, tokenizer or None)."""
+    path = f.path
     _tensor(f, "output.weight", (hp.n_vocab, hp.n_embd), path, required=False)
     output_norm = _tensor(f, "output_norm.weight", (hp.n_embd,), path, "vector")
     output = f.tensors.get("output.weight", emb)
@@ -274,7 +284,7 @@ def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
         dq = lambda t: dequantize(t) if isinstance(t, QTensor) else t   # noqa: E731
         done = []
         for i, w in enumerate(layers):
-            done.append(Layer(**{k: dq(v) for k, v in vars(w).items()}))
+            done.append(type(w)(**{k: dq(v) for k, v in vars(w).items()}))
             if progress:
                 progress(i + 1, len(layers) + 1)
         layers = done
@@ -282,11 +292,11 @@ def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
     if progress:
         progress(1, 1)
     tok = None
-    if tokenizer and "tokenizer.ggml.model" in kv:
+    if tokenizer and "tokenizer.ggml.model" in f.metadata:
         from ..tokenizers import from_gguf
-        _gguf.check_tokenizer_metadata(kv, path)
+        _gguf.check_tokenizer_metadata(f.metadata, path)
         tok = from_gguf(f)
-    return LlamaModel(hp, emb, output_norm, output, layers, tok, kv, str(path))
+    return output_norm, output, layers, tok
 
 
 class KVCache:
