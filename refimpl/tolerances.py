@@ -327,6 +327,12 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
                                                 "quantization (an f16 KV cache changes it by <1%). Looser than ggml's "
                                                 "2e-3 model-test ceiling, which compares backends with identical "
                                                 "numerics; the faithful mode is the one to meet it"),
+    ("gemma3.forward", "q4_k_m", "llama.cpp"): Tol(nmse=4e-3, why="exact mode vs llama.cpp on Gemma 3 270M Q4_K_M "
+                                                   "(tests/models/test_gemma3.py): llama.cpp's top-16 logits at every "
+                                                   "teacher-forced position of 8 prompts, measured 1.1e-4 .. 1.4e-3 "
+                                                   "(max |d| 0.56 .. 3.2 on logits up to ~40), llama.cpp's Q8_K / Q8_0 "
+                                                   "activation rounding over 18 layers; numerics='ggml' is the "
+                                                   "bit-identical mode"),
     # tiny random Llamas (tests/models/test_llama_tiny_golden.py), all positions x whole vocab, exact mode vs
     # llama.cpp; emulating ggml-cpu's activation conversions takes every model below 1e-7 (Q8_0/Q4_0: 4e-15)
     ("llama.forward", "f32", "llama.cpp"): Tol(nmse=2e-7, why="measured 3.9e-8, 4.8e-8 (max |d| 0.012): "
