@@ -250,14 +250,8 @@ def forward(model: Gemma3Model, tokens, cache: KVCache, *, capture=None, last_on
     """Run `tokens` after the cache's n_past tokens; returns logits (n_tokens, n_vocab) f32 (only the last row
     with last_only=True) and advances the cache."""
     hp, gp = model.hparams, model.gemma
-    tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
-    if tokens.size == 0:
-        raise ValueError("forward: no tokens")
-    if tokens.min() < 0 or tokens.max() >= hp.n_vocab:
-        raise ValueError(f"forward: token id out of range [0, {hp.n_vocab})")
+    tokens = llama.checked_tokens(hp, tokens, cache)
     pos, T = cache.n_past, tokens.size
-    if pos + T > cache.n_ctx:                 # before the masks and the activations are sized from T
-        raise ValueError(f"KV cache full: {pos} + {T} tokens > n_ctx {cache.n_ctx}")
     cap = capture_fn(capture)
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)

@@ -470,19 +470,26 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     return out
 
 
-def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_only: bool = False) -> np.ndarray:
-    """Run `tokens` (any number) after the cache's n_past tokens; returns logits (n_tokens, n_vocab) f32
-    (only the last row with last_only=True) and advances the cache. Under the CUDA backend the logits are
-    the only activations copied back to the host."""
-    hp = model.hparams
+def checked_tokens(hp: HParams, tokens, cache: KVCache) -> np.ndarray:
+    """tokens as int32 (n,), checked before anything is sized from them: at least one, every id in the
+    vocabulary, room for all of them in the cache (every decoder's forward starts here)."""
     tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
     if tokens.size == 0:
         raise ValueError("forward: no tokens")
     if tokens.min() < 0 or tokens.max() >= hp.n_vocab:
         raise ValueError(f"forward: token id out of range [0, {hp.n_vocab})")
+    if cache.n_past + tokens.size > cache.n_ctx:
+        raise ValueError(f"KV cache full: {cache.n_past} + {tokens.size} tokens > n_ctx {cache.n_ctx}")
+    return tokens
+
+
+def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_only: bool = False) -> np.ndarray:
+    """Run `tokens` (any number) after the cache's n_past tokens; returns logits (n_tokens, n_vocab) f32
+    (only the last row with last_only=True) and advances the cache. Under the CUDA backend the logits are
+    the only activations copied back to the host."""
+    hp = model.hparams
+    tokens = checked_tokens(hp, tokens, cache)
     pos, T = cache.n_past, tokens.size
-    if pos + T > cache.n_ctx:                 # before the mask and the activations are sized from T
-        raise ValueError(f"KV cache full: {pos} + {T} tokens > n_ctx {cache.n_ctx}")
     cap = capture_fn(capture)
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)
