@@ -197,7 +197,29 @@ def cases(quick: bool, sim: bool = False) -> list[Case]:
     out.append(Case("rwkv_wkv7", "rwkv_wkv7", "f32", (r6, td, k6, v6, -kk, kk * np.float32(0.5), st), {},
                     6 * k6.nbytes + 2 * st.nbytes, 6 * Tr * Hr * Nr * Nr))
     out += [Case("concat", "concat", "f32", (x[:1], x[1:], 1), {}, 2 * x.nbytes),
-            Case("cont", "cont", "f32", (x, (x.size,)), {}, 2 * x.nbytes)]
+            Case("cont", "cont", "f32", (x, (x.size,)), {}, 2 * x.nbytes),
+            Case("permute", "permute", "f32", (q, 0, 2, 1, 3), {}, 2 * q.nbytes),
+            Case("cast f16", "cast", "f32", (x, "f16"), {}, 3 * x.nbytes // 2),
+            Case("repeat", "repeat", "f32", (g.reshape(1, -1), x.shape), {}, g.nbytes + x.nbytes)]
+    cache, new = f32(W, E), f32(T, E)
+    slots = rng.permutation(W)[:T].astype(np.int32)
+    out.append(Case("set_rows", "set_rows", "f32", (cache, new, slots), {}, 2 * cache.nbytes + new.nbytes))
+    # the fused ops: their op sequences on the device (refimpl/kernels/cuda/fused.py)
+    wf, bf = f32(F, E) * np.float32(E ** -0.5), f32(F)
+    xe = f32(T, E)
+    out += [Case("mul_mat_add", "mul_mat_add", "f32", (wf, xe, bf), {}, wf.nbytes + xe.nbytes, host=(0,)),
+            Case("mul_mat_add_gelu", "mul_mat_add_gelu", "f32", (wf, xe, bf), {}, wf.nbytes + xe.nbytes,
+                 host=(0,)),
+            Case("add_norm_affine", "add_norm_affine", "f32", (xe, f32(E), xe, f32(E), f32(E), 1e-5), {},
+                 3 * xe.nbytes)]
+    q4, k4, v4 = (f32(1, T, H, D) for _ in range(3))
+    m4 = mask.reshape(1, 1, T, T)
+    out.append(Case("attn_mha", "attn_mha", "f32", (q4, k4, v4, m4, D ** -0.5), {}, 4 * q4.nbytes,
+                    4 * H * T * T * D))
+    n = H * D
+    wqkv, bqkv = f32(3 * n, E) * np.float32(E ** -0.5), f32(3 * n)
+    out.append(Case("attn_qkv", "attn_qkv", "f32", (xe.reshape(1, T, E), wqkv, bqkv, m4, D ** -0.5, H), {},
+                    wqkv.nbytes + 2 * xe.nbytes, 2 * 3 * n * E * T + 4 * H * T * T * D, host=(1,)))
     return out
 
 

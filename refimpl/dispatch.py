@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable
 
+import numpy as np
+
 from .shapes import GGMLShapeError, ne4
 
 BACKENDS = ("numpy", "numba", "cuda")
@@ -295,30 +297,34 @@ def ggml_numerics(override: str | None = None) -> bool:
     return current_numerics(override) in GGML_PROFILES
 
 
-# -- where activations live -----------------------------------------------------------------------------------
+# -- where state lives ---------------------------------------------------------------------------------------
 #
-# A backend that keeps activations on a device (CUDA) registers its residency helpers when its kernels load; a
-# model asks `residency()` for them instead of importing kernels, so it never names a backend or a device.
+# A backend whose kernels return device arrays (CUDA) owns residency: its kernels upload read-only host arrays
+# (weights, a pass's masks) once and keep activations on the device. State that a model writes in place (a KV
+# cache, a recurrent state) is made with `state_copy`, as llama.cpp allocates its cache in a backend buffer;
+# nothing in a model names a device.
 
-_RESIDENCY: dict[str, object] = {}
-_SCOPES: dict[str, Callable] = {}
-
-
-def register_residency(backend: str, helpers) -> None:
-    """`helpers` (upload, constant, permute, assign, cast, pad_rows, clone, broadcast: see
-    refimpl.kernels.cuda.residency) for a backend whose kernels return device arrays."""
-    _RESIDENCY[backend] = helpers
+_STATE_COPY: dict[str, Callable] = {}
 
 
-def residency():
-    """The active backend's residency helpers when its ops keep activations on a device under the active
-    numerics profile (the ggml profiles run NumPy emulations), else None."""
+def register_state_copy(backend: str, fn: Callable) -> None:
+    """fn(x) -> a writable copy of x (NumPy or the backend's own array) in the memory of a backend whose
+    kernels return device arrays."""
+    _STATE_COPY[backend] = fn
+
+
+def state_copy(x):
+    """A writable copy of x in the active backend's memory, for state that ops write in place (set_rows with
+    out=): NumPy on the CPU backends and under the ggml profiles (which run NumPy emulations), a device array
+    under the CUDA backend. Also how state moves between backends."""
     b = _backend.get()
-    if b == "numpy" or ggml_numerics():
-        return None
-    if b not in _loaded:
-        _load(b)
-    return _RESIDENCY.get(b)
+    if b != "numpy" and not ggml_numerics():
+        if b not in _loaded:
+            _load(b)
+        fn = _STATE_COPY.get(b)
+        if fn is not None:
+            return fn(x)
+    return np.array(to_host(x), copy=True)
 
 
 def on_device(x) -> bool:
@@ -327,17 +333,11 @@ def on_device(x) -> bool:
 
 
 def to_host(x):
-    """A device array copied to NumPy; anything else unchanged."""
+    """A device array copied to NumPy; anything else unchanged (what a model returns is NumPy)."""
     return x.copy_to_host() if on_device(x) else x
 
 
-def device_of():
-    """The residency helpers that move device arrays: the active backend's, else the first registered (a
-    device array outlives a `with backend(...)` block)."""
-    r = residency() or next(iter(_RESIDENCY.values()), None)
-    if r is None:
-        raise RuntimeError("a device array, but no backend with device residency is loaded")
-    return r
+_SCOPES: dict[str, Callable] = {}
 
 
 def register_scope(backend: str, fn: Callable) -> None:

@@ -190,6 +190,25 @@ def test_models_import_no_kernel():
     assert not bad, "\n".join(bad)
 
 
+# What knowing where a model runs looks like in source: device arrays, uploads, residency helpers, backend names.
+DEVICE_WORDS = ("copy_to_host", "to_device", "on_device", "residency", "device_of", "gpu_mode", "device_constant",
+                "cuda", "current_backend(")
+
+
+def test_models_do_not_know_where_they_run():
+    """Models call ops only: the CUDA backend keeps activations, weights and state on its device by itself
+    (refimpl.dispatch.state_copy for the state a model writes); no model code names a device or a backend."""
+    bad = []
+    for path in sorted((ROOT / "refimpl" / "models").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+                node.name if isinstance(node, (ast.FunctionDef, ast.alias)) else None
+            if name and any(w.rstrip("(") in name for w in DEVICE_WORDS):
+                bad.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}: {name}")
+    assert not bad, "\n".join(bad)
+
+
 def test_library_code_never_imports_the_test_toolkit():
     bad = [f"{m} imports {t}" for m in MODULES if _layer(m) not in ("testing", "facade")
            for t in EDGES[m] if _layer(t) == "testing" and (m, t) not in ALLOWED_EDGES]

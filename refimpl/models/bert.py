@@ -70,10 +70,9 @@ import numpy as np
 from .. import gguf as _gguf
 from ..dispatch import forward_scope
 from ..errors import BertError, LoadError, TokenizerError
-from ..ops import add, gelu, gelu_erf, get_rows, mul_mat, soft_max_ext
+from ..ops import add, cont, gelu, gelu_erf, get_rows, mul_mat, permute, soft_max_ext, transpose
 from ..ops.fused import add_norm_affine, attn_mha, attn_qkv, mul_mat_add, mul_mat_add_gelu, stack_qkv
-from .common import (capture_fn, device_constant, getter, gpu_mode, layer_norm, no_capture, on_device, permuted,
-                     to_device, to_host)
+from .common import capture_fn, constant, getter, layer_norm, no_capture, to_host
 
 A = Any  # np.ndarray or QTensor
 
@@ -370,7 +369,7 @@ def _read_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
     from . import bert_hf as cb
     hp = HParams.from_hf_config(cb.read_config(src), src / "config.json", pooling=cb.hf_pooling(src))
     hp = _with_act(hp, act)
-    weights = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in cb.hf_tensors(src).items()}
+    weights = {k: constant(np.array(v, dtype=np.float32, order="C")) for k, v in cb.hf_tensors(src).items()}
     check_weights(hp, weights, where=str(src), describe=cb.describe)
     max_len = cb.hf_max_length(src)
     tok = None
@@ -396,13 +395,13 @@ def _read_hf(src: Path, *, act: str | None, tokenizer: bool) -> BertModel:
 # -- the graph ---------------------------------------------------------------------------------------------
 
 def _norm(x, w, b, eps):
-    """llama.cpp's build_norm(LLM_NORM), the gain and bias as the backend keeps constants."""
-    return layer_norm(x, device_constant(w), device_constant(b), eps)
+    """llama.cpp's build_norm(LLM_NORM)."""
+    return layer_norm(x, w, b, eps)
 
 
 def _linear(w, b, x):
     y = mul_mat(w, x)
-    return y if b is None else add(y, device_constant(b))
+    return y if b is None else add(y, b)
 
 
 def key_mask(lengths, n_tokens: int) -> np.ndarray:
@@ -413,7 +412,7 @@ def key_mask(lengths, n_tokens: int) -> np.ndarray:
     """
     j = np.arange(n_tokens)[None, :]
     m = np.where(j < np.asarray(lengths)[:, None], np.float32(0), np.float32(-np.inf)).astype(np.float32)
-    return np.ascontiguousarray(np.broadcast_to(m[:, None, None, :], (len(lengths), 1, n_tokens, n_tokens)))
+    return constant(np.ascontiguousarray(np.broadcast_to(m[:, None, None, :], (len(lengths), 1, n_tokens, n_tokens))))
 
 
 def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
@@ -426,16 +425,16 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     # ggml permutes Q as a view, and so does this (refimpl.ops.fused.attn_mha, the same sequence without
     # captures): under numerics="ggml" the llamafile emulation then sees the strided f32 src1 that makes
     # llama.cpp take vec_dot for kq
-    qh = permuted(q, (0, 2, 1, 3)) if on_device(q) else q.transpose(0, 2, 1, 3)  # (S, H, T, D)  ne [D, T, H, S]
-    kh = permuted(k, (0, 2, 1, 3))
+    qh = permute(q, 0, 2, 1, 3)                                  # (S, H, T, D)  ne [D, T, H, S]
+    kh = cont(permute(k, 0, 2, 1, 3))
     kq = mul_mat(kh, qh)                                         # (S, H, T, n_kv)  ne [n_kv, T, H, S]
     cap(f"kq-{il}", kq)
     kq = soft_max_ext(kq, mask, scale, 0.0)
     cap(f"kq_soft_max-{il}", kq)
-    vt = permuted(v, (0, 2, 3, 1))                               # (S, H, D, n_kv)  ne [n_kv, D, H, S]
+    vt = cont(permute(v, 1, 2, 0, 3))                            # (S, H, D, n_kv)  ne [n_kv, D, H, S]
     kqv = mul_mat(vt, kq)                                        # (S, H, T, D)     ne [D, T, H, S]
     cap(f"kqv-{il}", kqv)
-    out = permuted(kqv, (0, 2, 1, 3)).reshape(S, T, H * D)
+    out = cont(permute(kqv, 0, 2, 1, 3)).reshape(S, T, H * D)
     cap(f"kqv_out-{il}", out)
     return out
 
@@ -446,7 +445,7 @@ def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     Without a capture the sublayers run as refimpl.ops.fused's ops (attn_qkv or attn_mha, add_norm_affine,
     mul_mat_add_gelu: their references are these op sequences, and backends register one-pass kernels for them);
     with one, op by op, so that every named tensor exists."""
-    if cap is no_capture and not gpu_mode():
+    if cap is no_capture:
         return _layer_fused(x, w, hp, mask)
     S, T, E = x.shape
     H, D = hp.n_head, hp.head_dim
@@ -466,14 +465,14 @@ def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     up = mul_mat(w.ffn_up, ffn_inp)
     cap(f"ffn_up-{il}", up.reshape(S, T, -1))
     if w.ffn_up_b is not None:
-        up = add(up, device_constant(w.ffn_up_b))
+        up = add(up, w.ffn_up_b)
         cap(f"ffn_up_b-{il}", up.reshape(S, T, -1))
     act = ACTS[hp.act](up)
     cap(f"ffn_{hp.act}-{il}", act.reshape(S, T, -1))
     cur = mul_mat(w.ffn_down, act)
     if w.ffn_down_b is not None:
         cap(f"ffn_down-{il}", cur.reshape(S, T, E))
-        cur = add(cur, device_constant(w.ffn_down_b))
+        cur = add(cur, w.ffn_down_b)
     cap(f"ffn_out-{il}", cur.reshape(S, T, E))
     cur = add(cur, ffn_inp)                                               # attention bypasses the FFN
     out = _norm(cur, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps).reshape(S, T, E)
@@ -490,21 +489,20 @@ def _layer_fused(x, w: Layer, hp: HParams, mask) -> np.ndarray:
     S, T, E = x.shape
     H, D = hp.n_head, hp.head_dim
     flat = x.reshape(S * T, E)
-    c = device_constant
     if w.attn_qkv is not None:
         kqv = attn_qkv(x, w.attn_qkv, w.attn_qkv_b, mask, _scale(hp), H)
     else:
-        q, k, v = (mul_mat_add(wt, flat, c(b)).reshape(S, T, H, D)
+        q, k, v = (mul_mat_add(wt, flat, b).reshape(S, T, H, D)
                    for wt, b in ((w.attn_q, w.attn_q_b), (w.attn_k, w.attn_k_b), (w.attn_v, w.attn_v_b)))
         kqv = attn_mha(q, k, v, mask, _scale(hp))
-    ffn_inp = add_norm_affine(mul_mat(w.attn_output, kqv.reshape(S * T, E)), c(w.attn_output_b), flat,
-                              c(w.attn_output_norm), c(w.attn_output_norm_b), hp.norm_eps)
+    ffn_inp = add_norm_affine(mul_mat(w.attn_output, kqv.reshape(S * T, E)), w.attn_output_b, flat,
+                              w.attn_output_norm, w.attn_output_norm_b, hp.norm_eps)
     if w.ffn_up_b is not None and hp.act == "gelu":
-        act = mul_mat_add_gelu(w.ffn_up, ffn_inp, c(w.ffn_up_b))
+        act = mul_mat_add_gelu(w.ffn_up, ffn_inp, w.ffn_up_b)
     else:
-        act = ACTS[hp.act](mul_mat_add(w.ffn_up, ffn_inp, c(w.ffn_up_b)))
-    out = add_norm_affine(mul_mat(w.ffn_down, act), c(w.ffn_down_b), ffn_inp, c(w.layer_output_norm),
-                          c(w.layer_output_norm_b), hp.norm_eps)
+        act = ACTS[hp.act](mul_mat_add(w.ffn_up, ffn_inp, w.ffn_up_b))
+    out = add_norm_affine(mul_mat(w.ffn_down, act), w.ffn_down_b, ffn_inp, w.layer_output_norm,
+                          w.layer_output_norm_b, hp.norm_eps)
     return out.reshape(S, T, E)
 
 
@@ -574,8 +572,6 @@ def _forward(model: BertModel, tokens, token_types=None, *, capture=None):
     x = _norm(x, model.w("token_embd_norm.weight"), model.w("token_embd_norm.bias"), hp.norm_eps)
     cap("inp_norm-0", x)
     mask = key_mask(lengths, T)
-    if gpu_mode():                            # uploaded once per batch, not once per layer
-        mask = to_device(mask)
     with forward_scope(S * T, "encoder"):
         for il, w in enumerate(model.layers):
             x = layer(x, w, hp, mask, cap, il)
@@ -600,7 +596,7 @@ def pool(h: np.ndarray, pooling: str) -> np.ndarray:
     n = h.shape[0]
     if pooling == "mean":
         inp_mean = np.full((1, n), np.float32(1) / np.float32(n), np.float32)      # ne [n_tokens, 1]
-        return mul_mat(permuted(h, (1, 0)), inp_mean)[0]                             # ne [n_embd, 1]
+        return mul_mat(cont(transpose(h)), inp_mean)[0]                              # ne [n_embd, 1]
     if pooling in ("cls", "last"):
         return get_rows(h, np.array([0 if pooling == "cls" else n - 1], np.int32))[0]
     raise ValueError(f"pooling {pooling!r} is not one of {POOLINGS}")

@@ -1,6 +1,6 @@
-"""What the model graphs share: captures of named intermediates, llama.cpp's LLM_NORM, and the moves of
-activations that live on a device (asked of the backend's residency, refimpl.dispatch.residency: a model never
-imports a kernel or names a backend)."""
+"""What the model graphs share: captures of named intermediates, llama.cpp's LLM_NORM, the graph's constant
+inputs and the state rows a model writes. A model calls ops only: it never imports a kernel or names a backend
+or a device (the CUDA backend keeps activations and state on its device by itself, refimpl.dispatch)."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..dispatch import device_of, on_device, residency, to_host  # noqa: F401  (on_device, to_host: for the models)
-from ..ops import add, mul, norm
+from ..dispatch import state_copy, to_host  # noqa: F401  (for the models)
+from ..ops import add, mul, norm, set_rows
 
 
 def no_capture(name: str, x) -> None:
@@ -47,36 +47,21 @@ def layer_norm(x, w, b, eps: float):
     return add(mul(norm(x, eps), w), b)
 
 
-# -- where activations live ---------------------------------------------------------------------------------
+# -- inputs and state --------------------------------------------------------------------------------------
 
-def gpu_mode() -> bool:
-    """The active backend keeps activations on a device between ops (dispatch.residency)."""
-    return residency() is not None
-
-
-def movement():
-    """The residency helpers that move device arrays (copies into the KV cache, casts, clones)."""
-    return device_of()
+def constant(a: np.ndarray) -> np.ndarray:
+    """a, made read-only: an input of the graph (a mask, the positions) that no op may change during the
+    pass. A backend may then keep one copy of it for the pass, as it does for weights."""
+    a.flags.writeable = False
+    return a
 
 
-def to_device(x):
-    """A host array uploaded (per call: for inputs such as masks and positions, never for weights)."""
-    return residency().upload(x)
-
-
-def device_constant(w):
-    """A weight used as an element-wise operand (a norm gain, a bias): its device copy from the backend's
-    upload-once cache (keyed by the host array, so `w` must be the model's own array, not a fresh view)
-    when the backend keeps activations on a device; `w` itself otherwise."""
-    r = residency()
-    return w if w is None or r is None else r.constant(w)
-
-
-def permuted(x, axes):
-    """np.ascontiguousarray(x.transpose(axes)); a device array is permuted on the device."""
-    if on_device(x):
-        return device_of().permute(x, axes)
-    return np.ascontiguousarray(x.transpose(axes))
+def write_rows(dst, rows, first: int) -> None:
+    """dst[first:first + n] = rows, in place, as llama.cpp writes its KV cache: ggml_set_rows into dst (a
+    contiguous state buffer from `state_copy`, rows of dst.shape[1:]) at indices first .. first+n-1."""
+    n = rows.shape[0] if rows.ndim == dst.ndim else 1
+    d = dst.reshape(dst.shape[0], -1)
+    set_rows(d, rows.reshape(n, d.shape[1]), np.arange(first, first + n, dtype=np.int32), out=d)
 
 
 def memory_limit() -> int:

@@ -50,7 +50,7 @@ from ..dispatch import forward_scope
 from ..errors import LoadError
 from ..ops import add, geglu, get_rows, ggml_numerics, mul, mul_mat, rms_norm, rope_ext, scale, tanh
 from . import llama
-from .common import capture_fn, device_constant, getter, gpu_mode, to_device, to_host
+from .common import capture_fn, constant, getter, to_host
 from .llama import (ROPE_NEOX, HParams, KVCache, attention, causal_mask, format_chat, n_kv_cells,  # noqa: F401
                     new_cache)
 
@@ -194,12 +194,12 @@ def swa_mask(n_tokens: int, n_kv: int, pos: int, n_swa: int) -> np.ndarray:
     (pos + t) - j >= n_swa."""
     j = np.arange(n_kv)[None, :]
     t = pos + np.arange(n_tokens)[:, None]
-    return np.where((j <= t) & (t - j < n_swa), np.float32(0), np.float32(-np.inf)).astype(np.float32)
+    return constant(np.where((j <= t) & (t - j < n_swa), np.float32(0), np.float32(-np.inf)).astype(np.float32))
 
 
 def norm(x, w, eps: float):
     """llama.cpp's build_norm(LLM_NORM_RMS): rms_norm over the rows (the last axis), times the weight."""
-    return mul(rms_norm(x, eps), device_constant(w))
+    return mul(rms_norm(x, eps), w)
 
 
 def layer(x, w: Layer, model: Gemma3Model, cache: KVCache, il: int, pos: int, mask, cap, positions) -> np.ndarray:
@@ -261,10 +261,7 @@ def forward(model: Gemma3Model, tokens, cache: KVCache, *, capture=None, last_on
     masks = {False: causal_mask(T, n_kv, pos)}
     if any(gp.is_swa):
         masks[True] = swa_mask(T, n_kv, pos, gp.n_swa)
-    positions = np.arange(pos, pos + T, dtype=np.int32)
-    if gpu_mode():                            # uploaded once per forward, not once per layer
-        masks = {k: to_device(m) for k, m in masks.items()}
-        positions = to_device(positions)
+    positions = constant(np.arange(pos, pos + T, dtype=np.int32))
     with forward_scope(T, "decoder"):
         for il, w in enumerate(model.layers):
             x = layer(x, w, model, cache, il, pos, masks[gp.is_swa[il]], cap, positions)

@@ -12,12 +12,10 @@ The graph follows llama.cpp's `llm_build_llama`: rms_norm·attn_norm -> Q, K, V 
 softmax(K Q^T / sqrt(head_dim) + causal mask) -> V -> attn_output -> residual -> rms_norm·ffn_norm ->
 ffn_down(silu(ffn_gate x) * ffn_up x) -> residual; output_norm, then output (or token_embd when tied).
 
-Under `refimpl.backend("cuda")` (exact numerics) the activations are device arrays between ops: the backend
-uploads weights once (norm gains and biases through `device_constant`), the KV cache moves to the device on
-its first store and stays there, the mask and positions are uploaded once per forward, and the copies between
-ops (permuted heads, cache rows) run on the device. The model asks the backend's residency
-(`refimpl.dispatch.residency`) for these moves and imports no kernel; the helpers below (`gpu_mode` ...
-`permuted`) keep the NumPy code path exactly as it is; bert and rwkv use them too.
+The model calls ops only and never knows where it runs: under `refimpl.backend("cuda")` (exact numerics) the
+backend keeps the activations on its device between ops, uploads each weight and each read-only input (the
+mask and positions, `constant`) once, and holds the KV cache a cache made under it allocates
+(`refimpl.dispatch.state_copy`), written with set_rows as llama.cpp writes it.
 """
 from __future__ import annotations
 
@@ -30,13 +28,13 @@ import numpy as np
 
 from .. import gguf as _gguf
 from ..dispatch import forward_scope
-from ..ops import add, get_rows, ggml_numerics, mul, mul_mat, rms_norm, rope_ext, soft_max_ext, swiglu
+from ..ops import (add, cast, concat, cont, get_rows, ggml_numerics, mul, mul_mat, permute, rms_norm, rope_ext,
+                   soft_max_ext, swiglu)
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 from ..errors import LoadError
-from .common import (capture_fn, check_alloc, device_constant, getter, gpu_mode, movement, on_device, permuted,  # noqa: F401
-                     to_device, to_host)
+from .common import capture_fn, check_alloc, constant, getter, state_copy, to_host, write_rows  # noqa: F401
 
 A = Any  # np.ndarray or QTensor
 
@@ -303,57 +301,43 @@ class KVCache:
     """Preallocated K and V per layer: k[il] (n_ctx, n_head_kv, head_dim), filled in place.
 
     `n_past` tokens are stored. `copy()` forks a conversation (the buffers are copied once).
-    dtype float32 (exact) or float16 (what llama.cpp's default cache stores).
+    dtype float32 (exact) or float16 (what llama.cpp's default cache stores). The buffers live where the
+    backend active when the cache is made keeps state (refimpl.dispatch.state_copy), as llama.cpp allocates
+    its cache in a backend buffer; the rows are written with set_rows, as llama.cpp 0.25.3 writes them.
     """
 
     def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, dtype=np.float32):
-        self.k = np.zeros((n_layer, n_ctx, n_head_kv, head_dim), dtype)
-        self.v = np.zeros((n_layer, n_ctx, n_head_kv, head_dim), dtype)
+        self.k = state_copy(np.zeros((n_layer, n_ctx, n_head_kv, head_dim), dtype))
+        self.v = state_copy(np.zeros((n_layer, n_ctx, n_head_kv, head_dim), dtype))
         self.n_past = 0
         self.n_ctx = n_ctx
 
-    def _place(self, device: bool) -> None:
-        """Move both buffers to the device (uploaded once, contents kept) or back to the host."""
-        if device and not on_device(self.k):
-            self.k, self.v = to_device(self.k), to_device(self.v)
-        elif not device and on_device(self.k):
-            self.k, self.v = self.k.copy_to_host(), self.v.copy_to_host()
-
-    def store(self, il: int, k: np.ndarray, v: np.ndarray, pos: int):
-        """Write this layer's K, V for positions pos..pos+T-1; return K, V of positions 0..pos+T-1 (f32).
-        Device K, V (the CUDA backend) move the buffers to the device, where the rows are written in place."""
+    def store(self, il: int, k, v, pos: int):
+        """Write this layer's K, V (T, n_head_kv, head_dim) for positions pos..pos+T-1; return K, V of
+        positions 0..pos+T-1 as f32."""
         T = k.shape[0]
         if pos + T > self.n_ctx:
             raise ValueError(f"KV cache full: {pos} + {T} tokens > n_ctx {self.n_ctx}")
-        self._place(on_device(k) or on_device(v) or (on_device(self.k) and gpu_mode()))
-        if on_device(self.k):
-            mv = movement()
-            mv.assign(self.k[il, pos:pos + T], k)
-            mv.assign(self.v[il, pos:pos + T], v)
-            return mv.cast(self.k[il, :pos + T], np.float32), mv.cast(self.v[il, :pos + T], np.float32)
-        self.k[il, pos:pos + T] = k
-        self.v[il, pos:pos + T] = v
-        return (self.k[il, :pos + T].astype(np.float32, copy=False),
-                self.v[il, :pos + T].astype(np.float32, copy=False))
+        write_rows(self.k[il], k, pos)
+        write_rows(self.v[il], v, pos)
+        kk, vv = self.k[il, :pos + T], self.v[il, :pos + T]
+        if kk.dtype != np.float32:
+            kk, vv = cast(kk, GGMLType.F32), cast(vv, GGMLType.F32)
+        return kk, vv
 
-    def cells(self, il: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
+    def cells(self, il: int, n_kv: int):
         """K, V of this layer's first n_kv cells (n_kv, n_head_kv, head_dim) in the cache's own dtype, as
         llama.cpp's graph views them; cells past n_ctx read as zeros (llama.cpp's cache is a multiple of
         KV_PAD cells, and a masked cell contributes exact zeros wherever it holds a finite value)."""
         k, v = self.k[il, :n_kv], self.v[il, :n_kv]
-        if on_device(k):
-            return movement().pad_rows(k, n_kv), movement().pad_rows(v, n_kv)
         if n_kv > self.n_ctx:
-            pad = ((0, n_kv - self.n_ctx), (0, 0), (0, 0))
-            k, v = np.pad(k, pad), np.pad(v, pad)
+            zeros = np.zeros((n_kv - self.n_ctx,) + tuple(k.shape[1:]), k.dtype)
+            k, v = concat(k, zeros, 2), concat(v, zeros, 2)
         return k, v
 
     def copy(self) -> "KVCache":
         c = KVCache.__new__(KVCache)
-        if on_device(self.k):
-            c.k, c.v = movement().clone(self.k), movement().clone(self.v)
-        else:
-            c.k, c.v = self.k.copy(), self.v.copy()
+        c.k, c.v = state_copy(self.k), state_copy(self.v)
         c.n_past, c.n_ctx = self.n_past, self.n_ctx
         return c
 
@@ -376,7 +360,7 @@ def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
     """(n_tokens, n_kv) f32: 0 where token t (at position pos+t) may attend to kv position j <= pos+t, else -inf."""
     j = np.arange(n_kv)[None, :]
     t = pos + np.arange(n_tokens)[:, None]
-    return np.where(j <= t, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+    return constant(np.where(j <= t, np.float32(0), np.float32(-np.inf)).astype(np.float32))
 
 
 # -- attention as llama.cpp's CPU build computes it (numerics="ggml") -----------------------------------------
@@ -413,19 +397,16 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     to f16 before the dot products, and products with >= 2 tokens follow llamafile's sgemm, see above).
     """
     T, H, D = q.shape
-    qh = permuted(q, (1, 0, 2))                                # (H, T, D)    ne [D, T, H]
-    # K as a view of the cache's rows (ggml's permute is a view too): the Numba decode kernel reads them in
-    # place; a product that needs them packed copies them itself. numerics="ggml" keeps its packed copy.
-    kh = (k.transpose(1, 0, 2) if not on_device(k) and not ggml_numerics()
-          else permuted(k, (1, 0, 2)))                         # (Hkv, n_kv, D)
-    kq = mul_mat(kh, qh)                                 # (H, T, n_kv) ne [n_kv, T, H]
+    qh = cont(permute(q, 0, 2, 1, 3))                          # (H, T, D)    ne [D, T, H]
+    kh = permute(k, 0, 2, 1, 3)                                # (Hkv, n_kv, D): a view of the cache's rows
+    kq = mul_mat(kh, qh)                                       # (H, T, n_kv) ne [n_kv, T, H]
     cap(f"kq-{il}", kq)
     kq = soft_max_ext(kq, mask, scale, 0.0)
     cap(f"kq_soft_max-{il}", kq)
-    vt = permuted(v, (1, 2, 0))                                # (Hkv, D, n_kv)
-    kqv = mul_mat(vt, kq)                                # (H, T, D)
+    vt = cont(permute(v, 1, 2, 0, 3))                          # (Hkv, D, n_kv)
+    kqv = mul_mat(vt, kq)                                      # (H, T, D)
     cap(f"kqv-{il}", kqv)
-    out = permuted(kqv, (1, 0, 2)).reshape(T, H * D)
+    out = cont(permute(kqv, 0, 2, 1, 3)).reshape(T, H * D)
     cap(f"kqv_out-{il}", out)
     return out
 
@@ -434,21 +415,20 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     """x (n_tokens, n_embd) -> (n_tokens, n_embd); this layer's K, V for pos.. go into the cache.
     positions: pos .. pos+T-1 as int32 (forward passes them, on the device under the CUDA backend)."""
     T, D = x.shape[0], hp.head_dim
-    c = device_constant
-    cur = mul(rms_norm(x, hp.rms_eps), c(w.attn_norm))
+    cur = mul(rms_norm(x, hp.rms_eps), w.attn_norm)
     cap(f"attn_norm-{il}", cur)
     q, k, v = mul_mat(w.attn_q, cur), mul_mat(w.attn_k, cur), mul_mat(w.attn_v, cur)
     if w.bq is not None:
-        q, k, v = add(q, c(w.bq)), add(k, c(w.bk)), add(v, c(w.bv))
+        q, k, v = add(q, w.bq), add(k, w.bk), add(v, w.bv)
     if positions is None:
         positions = np.arange(pos, pos + T, dtype=np.int32)
     rope = lambda t: rope_ext(t, positions, None, n_dims=hp.n_rot, mode=hp.rope_mode,  # noqa: E731
                               n_ctx_orig=hp.n_ctx_train, freq_base=hp.rope_base, freq_scale=hp.rope_freq_scale)
     q, k, v = q.reshape(T, hp.n_head, D), k.reshape(T, hp.n_head_kv, D), v.reshape(T, hp.n_head_kv, D)
     if w.attn_q_norm is not None:                    # qwen3: per-head RMS norms before rope
-        q = mul(rms_norm(q, hp.rms_eps), c(w.attn_q_norm))
+        q = mul(rms_norm(q, hp.rms_eps), w.attn_q_norm)
         cap(f"Qcur_normed-{il}", q)
-        k = mul(rms_norm(k, hp.rms_eps), c(w.attn_k_norm))
+        k = mul(rms_norm(k, hp.rms_eps), w.attn_k_norm)
         cap(f"Kcur_normed-{il}", k)
     q, k = rope(q), rope(k)
     cap(f"Qcur-{il}", q)
@@ -461,7 +441,7 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     cap(f"attn_out-{il}", attn)
     ffn_inp = add(attn, x)
     cap(f"ffn_inp-{il}", ffn_inp)
-    cur = mul(rms_norm(ffn_inp, hp.rms_eps), c(w.ffn_norm))
+    cur = mul(rms_norm(ffn_inp, hp.rms_eps), w.ffn_norm)
     cap(f"ffn_norm-{il}", cur)
     cur = mul_mat(w.ffn_down, swiglu(mul_mat(w.ffn_gate, cur), mul_mat(w.ffn_up, cur)))
     cap(f"ffn_out-{il}", cur)
@@ -494,16 +474,14 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)
     mask = causal_mask(T, n_kv_cells(pos + T), pos)
-    positions = np.arange(pos, pos + T, dtype=np.int32)
-    if gpu_mode():                            # uploaded once per forward, not once per layer
-        mask, positions = to_device(mask), to_device(positions)
+    positions = constant(np.arange(pos, pos + T, dtype=np.int32))
     with forward_scope(T, "decoder"):
         for il, w in enumerate(model.layers):
             x = layer(x, w, hp, cache, il, pos, mask, cap, positions)
     cache.n_past = pos + T
     if last_only:
         x = x[-1:]
-    x = mul(rms_norm(x, hp.rms_eps), device_constant(model.output_norm))
+    x = mul(rms_norm(x, hp.rms_eps), model.output_norm)
     cap("result_norm", x)
     logits = mul_mat(model.output, x)
     cap("result_output", logits)

@@ -16,6 +16,7 @@ import numpy as np
 from ..dispatch import op
 from .elementwise import add, gelu, mul
 from .matmul import mul_mat
+from .movement import cont, permute
 from .norm import norm
 from .softmax import soft_max_ext
 
@@ -81,12 +82,12 @@ def attn_mha(q, k, v, mask, scale: float) -> np.ndarray:
     Q stays a permuted view as ggml's permute is (llama.cpp's build then takes vec_dot for kq, not llamafile's
     sgemm: that rule reads src1's strides). Kernels: kernels/attention.py (numba, numerics="fast": one pass)."""
     S, T, H, D = q.shape
-    qh = np.asarray(q).transpose(0, 2, 1, 3)                              # (S, H, T, D)     ne [D, T, H, S]
-    kh = np.ascontiguousarray(np.asarray(k).transpose(0, 2, 1, 3))        # (S, H, n_kv, D)  ne [D, n_kv, H, S]
+    qh = permute(q, 0, 2, 1, 3)                                           # (S, H, T, D)     ne [D, T, H, S]
+    kh = cont(permute(k, 0, 2, 1, 3))                                     # (S, H, n_kv, D)  ne [D, n_kv, H, S]
     kq = soft_max_ext(mul_mat(kh, qh), mask, scale, 0.0)                  # (S, H, T, n_kv)  ne [n_kv, T, H, S]
-    vt = np.ascontiguousarray(np.asarray(v).transpose(0, 2, 3, 1))        # (S, H, D, n_kv)  ne [n_kv, D, H, S]
+    vt = cont(permute(v, 1, 2, 0, 3))                                     # (S, H, D, n_kv)  ne [n_kv, D, H, S]
     kqv = mul_mat(vt, kq)                                                 # (S, H, T, D)     ne [D, T, H, S]
-    return np.ascontiguousarray(kqv.transpose(0, 2, 1, 3)).reshape(S, T, H * D)
+    return cont(permute(kqv, 0, 2, 1, 3)).reshape(S, T, H * D)
 
 
 @op("attn_qkv", covers=())
@@ -104,7 +105,7 @@ def attn_qkv(x, wqkv, bqkv, mask, scale: float, n_head: int) -> np.ndarray:
     planes: each output is the f32 dot fast mode's mul_mat computes for its own weight row)."""
     S, T, E = x.shape
     n = wqkv.shape[0] // 3
-    flat = np.asarray(x).reshape(S * T, E)
+    flat = x.reshape(S * T, E)
     q, k, v = (mul_mat_add(wqkv[i * n:(i + 1) * n], flat, None if bqkv is None else bqkv[i * n:(i + 1) * n])
                .reshape(S, T, n_head, n // n_head) for i in range(3))
     return attn_mha(q, k, v, mask, scale)
@@ -112,14 +113,20 @@ def attn_qkv(x, wqkv, bqkv, mask, scale: float, n_head: int) -> np.ndarray:
 
 def stack_qkv(wq, bq, wk, bk, wv, bv):
     """(wqkv, bqkv) for attn_qkv: the three f32 weights (n, n_embd) stacked into one (3n, n_embd) matrix and
-    their biases into one (3n,) vector (None without biases); None unless all three weights are f32 NumPy
-    matrices of one shape with all or none of the biases. A model stacks them once, when it is loaded."""
+    their biases into one (3n,) vector (None without biases), both read-only; None unless all three weights
+    are f32 NumPy matrices of one shape with all or none of the biases. A model stacks them once, at load."""
     ws, bs = (wq, wk, wv), (bq, bk, bv)
     if not all(type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2 and a.shape == ws[0].shape
                for a in ws):
         return None
     if all(b is None for b in bs):
-        return np.concatenate(ws), None
+        return _frozen(np.concatenate(ws)), None
     if all(type(b) is np.ndarray and b.dtype == np.float32 and b.shape == (a.shape[0],) for a, b in zip(ws, bs)):
-        return np.concatenate(ws), np.concatenate(bs)
+        return _frozen(np.concatenate(ws)), _frozen(np.concatenate(bs))
     return None
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """a read-only: a weight, which no op changes (a backend may keep one copy of it)."""
+    a.flags.writeable = False
+    return a

@@ -16,6 +16,8 @@ Conventions shared by every op here (NumPy order; ggml `ne` is the shape reverse
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..qtensor import QTensor, dequantize, quantize
@@ -434,6 +436,8 @@ def cont(a, shape=None):
 
     E.g. llama's cont of permute(kq, 0, 2, 1, 3): a (n_head, n_tokens, head_dim) view -> contiguous.
     """
+    if shape is None and type(a) is np.ndarray and a.dtype in _DTYPE_TYPES:
+        return np.array(a, order="C")           # what _convert does for a same-type copy, without its checks
     a = _arr(a)
     sh = tuple(a.shape) if shape is None else shape_of("cont", shape)
     return _convert("cont", a, _type("cont", a), sh)
@@ -514,6 +518,26 @@ def view(a: np.ndarray, shape, strides=None, offset: int = 0) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(base[offset // es:], shape=sh, strides=strides)
 
 
+@functools.lru_cache(maxsize=64)
+def _permute_axes(ax: tuple) -> tuple | None:
+    if sorted(ax) != [0, 1, 2, 3]:
+        return None
+    p = [0] * 4
+    for i, x in enumerate(ax):
+        p[3 - x] = 3 - i
+    return tuple(p)
+
+
+def permute_axes(axis0, axis1, axis2, axis3, a=None) -> tuple:
+    """np.transpose's axes of the 4-D NumPy view for ggml_permute(a, axis0..3): p[3 - axis_i] = 3 - i (ggml's
+    axes say where each source dim goes, np.transpose's where each result axis comes from)."""
+    ax = (int(axis0), int(axis1), int(axis2), int(axis3))
+    p = _permute_axes(ax)
+    if p is None:
+        fail("permute", f"axes {list(ax)} must be a permutation of 0..3", a=a)
+    return p
+
+
 @op("permute")
 def permute(a, axis0: int, axis1: int, axis2: int, axis3: int):
     """ggml_permute: reorder dims -- source dim i becomes result dim axis_i (a view).
@@ -529,17 +553,12 @@ def permute(a, axis0: int, axis1: int, axis2: int, axis3: int):
     a's own are dropped from the result.
     """
     a = _arr(a)
-    ax = [int(axis0), int(axis1), int(axis2), int(axis3)]
-    if sorted(ax) != [0, 1, 2, 3]:
-        fail("permute", f"axes {ax} must be a permutation of 0..3", a=a)
-    p = [0] * 4
-    for i, x in enumerate(ax):
-        p[3 - x] = 3 - i
+    p = permute_axes(axis0, axis1, axis2, axis3, a)
     nd = a.ndim
     if isinstance(a, QTensor) and a.traits.blck_size == 1:       # BF16: permute the elements (a copy)
         return _like(_trim(np.transpose(as4(_elems(a)), p), nd), a.type)
     if isinstance(a, QTensor):
-        if ax[0] != 0:
+        if int(axis0) != 0:
             fail("permute", "a block-type tensor keeps its rows: axis0 must be 0", a=a)
         d4 = a.data.reshape((1,) * (4 - a.ndim) + a.data.shape)
         d = _trim(np.transpose(d4, p), nd)

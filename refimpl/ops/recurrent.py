@@ -231,6 +231,42 @@ def rwkv_wkv6(k: np.ndarray, v: np.ndarray, r: np.ndarray, tf: np.ndarray, td: n
     return _pack(y, states, S, H)
 
 
+@op("rwkv_wkv4", covers=())
+def rwkv_wkv4(k: np.ndarray, v: np.ndarray, w: np.ndarray, u: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """RWKV-4's WKV, one channel per column, in float32 (no ggml op: llama.cpp has no RWKV-4, and rwkv.cpp
+    builds the step from custom map ops; BlinkDL's numerically stable form, refimpl.models.rwkv.v4).
+
+    k, v   ne [C, T]       numpy (T, C)       keys and values of T tokens, C = n_embd channels
+    w, u   ne [C]          numpy (C,)         the decay -exp(time_decay) (< 0) and the bonus time_first
+    state  ne [C, 3]       numpy (3, C)       aa, bb, pp before the first token
+    out    ne [C, T + 3]   numpy (T + 3, C)   f32: row t is token t's wkv; rows T.. the new aa, bb, pp
+
+        q = max(pp, u + k);     e1 = exp(pp - q);     e2 = exp(u + k - q);     wkv = (e1*aa + e2*v) / (e1*bb + e2)
+        q = max(pp + w, k);     e1 = exp(pp + w - q); e2 = exp(k - q);         aa, bb, pp = e1*aa + e2*v, e1*bb + e2, q
+    """
+    k, v, w, u, state = (np.asarray(x) for x in (k, v, w, u, state))
+    need_f32("rwkv_wkv4", k=k, v=v, w=w, u=u, state=state)
+    T, C = (k.shape[0], k.shape[-1]) if k.ndim == 2 else (0, 0)
+    if k.ndim != 2 or v.shape != k.shape or w.shape != (C,) or u.shape != (C,) or state.shape != (3, C):
+        fail("rwkv_wkv4", "need k, v (T, C), w, u (C,), state (3, C) in numpy order", k=k, v=v, w=w, u=u,
+             state=state)
+    aa, bb, pp = state
+    out = np.empty((T + 3, C), np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        for t in range(T):
+            kt, vt = k[t], v[t]
+            ww = u + kt
+            q = np.maximum(pp, ww)
+            e1, e2 = np.exp(pp - q), np.exp(ww - q)
+            out[t] = (e1 * aa + e2 * vt) / (e1 * bb + e2)
+            ww = w + pp
+            q = np.maximum(ww, kt)
+            e1, e2 = np.exp(ww - q), np.exp(kt - q)
+            aa, bb, pp = e1 * aa + e2 * vt, e1 * bb + e2, q
+    out[T], out[T + 1], out[T + 2] = aa, bb, pp
+    return out
+
+
 @op("gated_linear_attn")
 def gated_linear_attn(k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray, state: np.ndarray,
                       scale: float = 1.0) -> np.ndarray:

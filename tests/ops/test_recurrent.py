@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from refimpl import GGMLShapeError
-from refimpl.ops import gated_delta_net, gated_linear_attn, rwkv_wkv6, rwkv_wkv7, ssm_conv, ssm_scan
+from refimpl.ops import gated_delta_net, gated_linear_attn, rwkv_wkv4, rwkv_wkv6, rwkv_wkv7, ssm_conv, ssm_scan
 from refimpl.testing import assert_bits_equal, assert_nmse, tol
 
 
@@ -399,3 +399,35 @@ def test_fma_rounds_once():
     assert _fma(a, b, c) == c
     assert _fma(-a, b, -c) == -c
     assert _fma(np.float32(3.0), np.float32(0.5), np.float32(-1.5)) == 0.0
+
+
+# -- rwkv_wkv4 (RWKV-4, no ggml op) -----------------------------------------------------------------------
+
+@given(seeds, st.integers(1, 6), st.integers(1, 5))
+def test_rwkv_wkv4_is_the_weighted_average(seed, T, C):
+    """Each output is the decayed, exp(k)-weighted average of the values so far, the current token weighted
+    by exp(u + k) (the definition in f64, no rescaling); split after any token with the state passed along,
+    the same bits."""
+    rng = np.random.default_rng(seed)
+    k, v = _u(rng, T, C, lo=-3, hi=3), _u(rng, T, C)
+    w, u = -np.exp(_u(rng, C, lo=-2, hi=1)), _u(rng, C)
+    fresh = np.stack([np.zeros(C), np.zeros(C), np.full(C, -1e38)]).astype(np.float32)
+    out = rwkv_wkv4(k, v, w, u, fresh)
+    assert out.shape == (T + 3, C) and out.dtype == np.float32
+    k64, v64, w64, u64 = (x.astype(np.float64) for x in (k, v, w, u))
+    want = np.empty((T, C))
+    for t in range(T):
+        past = np.exp((t - 1 - np.arange(t))[:, None] * w64 + k64[:t])       # (t, C)
+        now = np.exp(u64 + k64[t])
+        want[t] = ((past * v64[:t]).sum(0) + now * v64[t]) / (past.sum(0) + now)
+    _close(out[:T], want, "rwkv_wkv4")
+    cut = int(rng.integers(1, T + 1))
+    first = rwkv_wkv4(k[:cut], v[:cut], w, u, fresh)
+    rest = rwkv_wkv4(k[cut:], v[cut:], w, u, first[cut:])
+    assert_bits_equal(np.concatenate([first[:cut], rest]), out, "rwkv_wkv4 split")
+
+
+def test_rwkv_wkv4_names_bad_shapes():
+    with pytest.raises(GGMLShapeError, match="rwkv_wkv4"):
+        rwkv_wkv4(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32), np.zeros(3, np.float32),
+                  np.zeros(4, np.float32), np.zeros((3, 3), np.float32))

@@ -12,13 +12,15 @@ One module per op family, each saying in its header its launch geometry and memo
     unary.py       element-wise, unary and glu ops of the model hot paths
     attention.py   flash_attn_ext (online softmax)
     recurrent.py   rwkv_wkv6, rwkv_wkv7
-    movement.py    cont/cpy/permute copies, concat, KV-cache writes (what the models move between ops)
+    movement.py    cont/dup/permute/cast copies, concat, repeat, set_rows (the KV-cache and state writes)
+    fused.py       the fused ops (refimpl.ops.fused) as their op sequences on the device
 
 Conventions every kernel module follows:
 - A kernel registers itself for the op it replaces (`register(name, "cuda")`) with the op's signature. Its
   inputs may be NumPy arrays, QTensors or device arrays (`_device.is_device`); its result is a device array
-  (numba DeviceNDArray, or the simulator's), so a model's activations stay on the GPU between ops. Weights are
-  uploaded once (`_device.weight`), keyed by their host buffer.
+  (numba DeviceNDArray, or the simulator's), so a model's activations stay on the GPU between ops. Weights and
+  other read-only inputs are uploaded once (`_device.weight`, `_device.to_device`), keyed by their host
+  buffer: the backend owns residency, and a model calls ops only.
 - Inputs a kernel does not cover (dtypes, strides, modes) run the NumPy reference on host copies and the result
   is uploaded: never a wrong answer, only a slow one.
 - Results equal the NumPy reference within the tolerance table (`refimpl.testing.tolerance`); where the
@@ -30,7 +32,7 @@ Conventions every kernel module follows:
 from __future__ import annotations
 
 _FAMILIES = ("quants", "matmul", "norm", "softmax", "rope", "rows", "unary", "attention", "recurrent",
-             "movement")
+             "movement", "fused")
 
 
 def load() -> None:
@@ -51,6 +53,6 @@ def load() -> None:
             failed.append(f"{name}: {e}")
     if failed:
         raise ImportError("; ".join(failed))
-    from ...dispatch import register_residency
-    from . import residency
-    register_residency("cuda", residency)
+    from ...dispatch import register_state_copy
+    from .movement import state_copy
+    register_state_copy("cuda", state_copy)

@@ -20,9 +20,15 @@ Functions the models call with device arrays (`_device.is_device`), all results 
     assign(dst, src)       dst[...] = src for a contiguous view dst (a cache row range), cast to dst's dtype
     zeros(shape, dtype), full(shape, value, dtype), clone(x)
 
+    _scatter_rows  dst[idx[r] * E + e] = src[r * E + e]: set_rows into a cache or state plane, in place.
+                Reads one element, writes one.
+
 Registered ops (device inputs; NumPy inputs, QTensors and non-contiguous views run the reference on host
-copies, uploaded): `concat`, `cont`. Both copy values unchanged, so they equal the reference bit for bit
-(tolerance table: ("concat", "*", "ggml") and ("cont", "*", "ggml") are exact).
+copies, uploaded): `concat`, `cont`, `dup`, `permute` (the permuted values, contiguous), `cast` (f32/f16),
+`repeat` (size-1 axes stretched), `set_rows` (in place into a device destination, as ggml writes its KV
+cache). All copy values unchanged or round once as the reference, so they equal it bit for bit (tolerance
+table: ("concat", "*", "ggml") and ("cont", "*", "ggml") are exact). `state_copy` is the backend's
+refimpl.dispatch.state_copy: a writable device copy (never the upload-once cache's).
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from numba import cuda, types
 from ...ops import movement as ref
 from ...dispatch import register
 from ...shapes import fail, ne4
+from ...types import NUMPY_DTYPES, as_type
 from . import _device
 
 THREADS = 256
@@ -92,7 +99,8 @@ def ptx_signatures() -> list[tuple]:
     return [(_gather, (src, dst) + (i64,) * 11) for src, dst in ((f32, f32), (f16, f32), (f32, f16))] + [
         (_concat, (f32, f32, f32, i64, i64, i64)),
         (_copy_flat, (f32, f32)), (_copy_flat, (f32, f16)), (_copy_flat, (f16, f32)),
-        (_fill, (f32, types.float32)), (_fill, (f16, types.float16))]
+        (_fill, (f32, types.float32)), (_fill, (f16, types.float16)),
+        (_scatter_rows, (f32, types.int64[::1], f32, i64)), (_scatter_rows, (f32, types.int64[::1], f16, i64))]
 
 
 # -- launchers ----------------------------------------------------------------------------------------------
@@ -258,3 +266,120 @@ def cont(a, shape=None):
     if len(sh) > 4:
         fail("cont", "ggml tensors have at most 4 dims", a=tuple(a.shape), dst=sh)
     return clone(a).reshape(sh)
+
+
+@register("dup", "cuda")
+def dup(a):
+    """ggml_dup of a device array: a device copy (bit-exact). Anything else: the reference."""
+    if not (_device.is_device(a) and _movable(a)):
+        return NotImplemented
+    return clone(a)
+
+
+@register("permute", "cuda")
+def permute_op(a, axis0: int, axis1: int, axis2: int, axis3: int):
+    """ggml_permute of a device array: its values in the permuted order, as a contiguous device array.
+
+    ggml's permute is a view; device arrays here are contiguous and no op writes through a permuted view, so
+    the values (bit-exact) are all a caller can observe. NumPy arrays get the reference's view."""
+    if not (_device.is_device(a) and _movable(a)):
+        return NotImplemented
+    p = ref.permute_axes(axis0, axis1, axis2, axis3, a)
+    nd = a.ndim
+    out = permute(a.reshape((1,) * (4 - nd) + tuple(a.shape)), p)
+    sh = tuple(out.shape)
+    while len(sh) > max(nd, 1) and sh[0] == 1:        # leading size-1 axes dropped, as the reference
+        sh = sh[1:]
+    return out.reshape(sh)
+
+
+@register("cast", "cuda")
+def cast_op(a, type):  # noqa: A002  (the op's own argument name)
+    """ggml_cast of a device f32/f16 array to f32/f16 (one rounding, RNE): a new device array."""
+    if not (_device.is_device(a) and _movable(a)) or np.dtype(a.dtype) == np.dtype(np.int32):
+        return NotImplemented
+    try:
+        dt = NUMPY_DTYPES.get(as_type(type))
+    except (TypeError, ValueError, KeyError):
+        try:
+            dt = np.dtype(type)
+        except TypeError:
+            return NotImplemented                         # the reference raises its error
+    if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
+        return NotImplemented
+    return clone(a) if np.dtype(a.dtype) == dt else cast(a, dt)
+
+
+@register("repeat", "cuda")
+def repeat_op(a, b):
+    """ggml_repeat of a device array where the tiling only stretches size-1 axes (NumPy's broadcast, the
+    models' case); other tilings run the reference."""
+    if not (_device.is_device(a) and _movable(a)):
+        return NotImplemented
+    sh = tuple(b.shape) if hasattr(b, "shape") else ref.shape_of("repeat", b)
+    xs = (1,) * (len(sh) - a.ndim) + tuple(a.shape)
+    if len(sh) > 4 or len(xs) != len(sh) or any(x not in (1, y) for x, y in zip(xs, sh)):
+        return NotImplemented
+    return broadcast(a, sh)
+
+
+@cuda.jit
+def _scatter_rows(src, idx, dst, width):
+    i = cuda.grid(1)
+    if i >= src.size:
+        return
+    dst[idx[i // width] * width + i % width] = src[i]
+
+
+@register("set_rows", "cuda")
+def set_rows(a, b, c, out=None):
+    """ggml_set_rows into a device array: the KV-cache and recurrent-state writes. Covered: a a contiguous
+    f32/f16 device array of rows (numpy (R, E), or more axes of one plane) written in place (out=a, as ggml
+    does) or into a copy (out=None); b f32 rows (device or host) of a's row length; c distinct int32/int64
+    indices in range. One thread per element of b; f32 -> f16 rounds to nearest even, as ggml's from_float.
+    Anything else runs the reference on host copies (a device `out` then receives its values)."""
+    if not _device.is_device(a):
+        return NotImplemented                             # a NumPy destination: the reference, in place
+    if out is not None and out is not a:
+        return _set_rows_reference(a, b, c, out)
+    ci = np.asarray(_device.to_host(c))
+    sa, sb = tuple(a.shape), tuple(b.shape)
+    E = sa[-1] if sa else 0
+    R = a.size // E if E else 0
+    ok = (_movable(a) and np.dtype(a.dtype) in (np.dtype(np.float32), np.dtype(np.float16))
+          and ci.dtype in (np.int32, np.int64) and ci.ndim == 1 and len(sb) >= 1 and len(sa) >= 2
+          and all(n == 1 for n in sa[:-2]) and sb[-1:] == (E,) and b.size == ci.size * E
+          and np.dtype(b.dtype) == np.dtype(np.float32))
+    if ok and ci.size:
+        ok = bool(ci.min() >= 0 and ci.max() < R and np.unique(ci).size == ci.size)
+    if not ok:
+        return _set_rows_reference(a, b, c, out)
+    dst = a if out is a else clone(a)
+    src = _device.to_device(b)
+    if not src.is_c_contiguous():
+        return _set_rows_reference(a, b, c, out)
+    if src.size:
+        idx = cuda.to_device(np.ascontiguousarray(ci, np.int64))
+        _scatter_rows[_device.grid_1d(src.size, THREADS)](_flat(src), idx, _flat(dst), E)
+    return dst
+
+
+def _set_rows_reference(a, b, c, out):
+    """The reference's values for a device destination: computed on host copies; into a device `out` (or a
+    new device array when out is None)."""
+    res = ref.set_rows.reference(_device.to_host(a), _device.to_host(b), _device.to_host(c))
+    if out is None:
+        return _device.to_device(res) if isinstance(res, np.ndarray) else res
+    if not _device.is_device(out) or tuple(out.shape) != tuple(res.shape) or \
+            np.dtype(out.dtype) != np.dtype(res.dtype):
+        fail("set_rows", "out must be a writeable array of a's shape and dtype", a=tuple(a.shape),
+             out=tuple(getattr(out, "shape", ())))
+    out.copy_to_device(np.ascontiguousarray(res))
+    return out
+
+
+def state_copy(x):
+    """A writable device copy of x (NumPy or device): the buffer a KV cache or a recurrent state lives in."""
+    if _device.is_device(x) and x.is_c_contiguous():
+        return clone(x)
+    return cuda.to_device(np.array(_device.to_host(x), order="C"))

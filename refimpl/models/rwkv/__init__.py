@@ -45,7 +45,7 @@ import numpy as np
 from ...dispatch import forward_scope
 from ...errors import LoadError, RWKVError, not_this_format
 from ...ops import mul_mat
-from ..common import capture_fn, gpu_mode, to_host
+from ..common import capture_fn, to_host
 from ..common import layer_norm as common_layer_norm
 from .model import HParams, RwkvModel
 from .state import RwkvState
@@ -138,8 +138,6 @@ def forward(model: RwkvModel, tokens, state: RwkvState | None = None, capture=No
     if state is None:
         state = new_state(model)
     _check_state(model, state)
-    if gpu_mode():                            # the state lives on the device from here on (uploaded once)
-        state = state.to_device()
     cap = capture_fn(capture)
     with forward_scope(int(tokens.size), "decoder"):
         try:

@@ -13,9 +13,9 @@ Per layer (numpy shapes; ggml lists them reversed):
 
 All float32. A fresh state is zeros, except v4's pp which starts at -1e38 (minus "infinity").
 
-Under the CUDA backend `rwkv.forward` moves the state to the device (`to_device`) and returns one whose
-arrays are numba device arrays, so a decode loop never copies it; `to_host()` gives the NumPy state back
-(`save` and `==` do that themselves).
+`copy()` makes the copy a forward pass writes, in the active backend's memory (refimpl.dispatch.state_copy):
+under the CUDA backend its arrays are device arrays, so a decode loop never moves it; `to_host()` gives the
+NumPy state back (`save` and `==` do that themselves).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...dispatch import device_of, on_device, to_host
+from ...dispatch import state_copy, to_host
 
 
 @dataclass
@@ -43,22 +43,11 @@ class RwkvState:
         return cls(version, np.zeros((n_layer, n_embd), np.float32), np.zeros((n_layer, n_embd), np.float32), wkv)
 
     def copy(self) -> "RwkvState":
-        if on_device(self.wkv):
-            clone = device_of().clone
-            return RwkvState(self.version, clone(self.shift_att), clone(self.shift_ffn), clone(self.wkv))
-        return RwkvState(self.version, self.shift_att.copy(), self.shift_ffn.copy(), self.wkv.copy())
-
-    def to_device(self) -> "RwkvState":
-        """This state with device arrays (uploaded once; itself when already there)."""
-        if all(on_device(a) for a in (self.shift_att, self.shift_ffn, self.wkv)):
-            return self
-        up = device_of().upload
-        return RwkvState(self.version, up(self.shift_att), up(self.shift_ffn), up(self.wkv))
+        """A writable copy in the active backend's memory (NumPy, or device arrays under the CUDA backend)."""
+        return RwkvState(self.version, state_copy(self.shift_att), state_copy(self.shift_ffn), state_copy(self.wkv))
 
     def to_host(self) -> "RwkvState":
-        """This state with NumPy arrays (itself when already there)."""
-        if not any(on_device(a) for a in (self.shift_att, self.shift_ffn, self.wkv)):
-            return self
+        """This state with NumPy arrays (the same arrays where they are NumPy already)."""
         return RwkvState(self.version, *(to_host(a) for a in (self.shift_att, self.shift_ffn, self.wkv)))
 
     def save(self, path) -> None:

@@ -30,60 +30,29 @@ It is kept stable by storing numerator and denominator scaled by e^{-pp} (aa, bb
 
 (ChatRWKV's "RWKV in 150 lines", the rwkv package and transformers' CPU path compute exactly this.) A fresh
 state has aa = bb = 0 and pp = -1e38, so that the first token's e1 is 0. This per-token recurrence is plain
-NumPy float32 (ggml has no element-wise maximum; rwkv.cpp builds the step from custom map ops); everything
-else goes through refimpl.ops. Under `refimpl.backend("cuda")` the other ops and the state stay on the device
-(see v6.py) and this recurrence runs on host copies of k, v and the layer's state.
+NumPy float32, refimpl's op `rwkv_wkv4` (ggml has no element-wise maximum; rwkv.cpp builds the step from
+custom map ops); a backend without a kernel for it runs it on host copies.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...ops import add, concat, exp, get_rows, mul, mul_mat, relu, scale, sigmoid, sqr
-from ..common import device_constant, gpu_mode, on_device, to_host
+from ...ops import add, concat, exp, get_rows, mul, mul_mat, relu, rwkv_wkv4, scale, sigmoid, sqr
+from ..common import write_rows
 from . import RwkvModel, layer_norm
 from .state import RwkvState
-from .v6 import derived, flat, put
-
-
-def wkv(w: np.ndarray, u: np.ndarray, k: np.ndarray, v: np.ndarray, aa: np.ndarray, bb: np.ndarray,
-        pp: np.ndarray):
-    """The RWKV-4 WKV over n_tokens tokens, one channel per column, in float32.
-
-    w, u             (n_embd,)              ne [n_embd]             decay -exp(time_decay) (< 0), bonus time_first
-    k, v             (n_tokens, n_embd)     ne [n_embd, n_tokens]   keys and values
-    aa, bb, pp       (n_embd,)                                      the state before the first token
-    returns wkv (n_tokens, n_embd) and the state (aa, bb, pp) after the last token.
-    """
-    T = k.shape[0]
-    out = np.empty(k.shape, np.float32)
-    with np.errstate(over="ignore", under="ignore"):
-        for t in range(T):
-            kt, vt = k[t], v[t]
-            ww = u + kt
-            q = np.maximum(pp, ww)
-            e1, e2 = np.exp(pp - q), np.exp(ww - q)
-            out[t] = (e1 * aa + e2 * vt) / (e1 * bb + e2)
-            ww = w + pp
-            q = np.maximum(ww, kt)
-            e1, e2 = np.exp(ww - q), np.exp(kt - q)
-            aa, bb, pp = e1 * aa + e2 * vt, e1 * bb + e2, q
-    return out, (aa, bb, pp)
+from .v6 import derived, flat
 
 
 def shifted(xx: np.ndarray, prev: np.ndarray) -> np.ndarray:
-    """the previous token's row for every token: prev (n_embd,) then xx[:-1] (device arrays: ggml_concat)"""
-    if on_device(xx) or on_device(prev):
-        return concat(prev.reshape(1, -1), xx[:-1], 1)
-    return np.concatenate([prev[None, :], xx[:-1]], axis=0)
+    """the previous token's row for every token: prev (n_embd,) then xx[:-1] (ggml_concat)"""
+    return concat(prev.reshape(1, -1), xx[:-1], 1)
 
 
 def mix(xx: np.ndarray, sx: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """xx*m + sx*(1 - m), m (1, 1, n_embd) as stored (under the CUDA backend m and 1 - m made once)"""
-    if gpu_mode():
-        one_minus = device_constant(derived(m, "1-m", lambda: np.float32(1.0) - m.reshape(-1)))
-        return add(mul(xx, flat(m)), mul(sx, one_minus))
-    m = m.reshape(-1)
-    return add(mul(xx, m), mul(sx, np.float32(1.0) - m))
+    """xx*m + sx*(1 - m), m (1, 1, n_embd) as stored (m and 1 - m made once per weight)"""
+    one_minus = derived(m, "1-m", lambda: np.float32(1.0) - np.asarray(m, np.float32).reshape(-1))
+    return add(mul(xx, flat(m)), mul(sx, one_minus))
 
 
 def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
@@ -101,7 +70,7 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         xx = layer_norm(x, W(b + "ln1.weight"), W(b + "ln1.bias"), eps)
         cap(f"attn_norm-{il}", xx)
         sx = shifted(xx, state.shift_att[il])
-        put(new.shift_att, il, xx[-1])
+        write_rows(new.shift_att, xx[-1], il)
         r = sigmoid(mul_mat(W(a + "receptance.weight"), mix(xx, sx, W(a + "time_mix_r"))))
         k = mul_mat(W(a + "key.weight"), mix(xx, sx, W(a + "time_mix_k")))
         v = mul_mat(W(a + "value.weight"), mix(xx, sx, W(a + "time_mix_v")))
@@ -109,10 +78,10 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         cap(f"k-{il}", k)
         cap(f"v-{il}", v)
         td = W(a + "time_decay")
-        w = derived(td, "-exp", lambda: -to_host(exp(td.reshape(-1))))
-        u = W(a + "time_first").reshape(-1)
-        y, (aa, bb, pp) = wkv(w, u, to_host(k), to_host(v), *to_host(state.wkv[il]))   # on the host (see above)
-        put(new.wkv, il, np.stack([aa, bb, pp]))
+        w = derived(td, "-exp", lambda: -exp.reference(np.asarray(td, np.float32).reshape(-1)))
+        out = rwkv_wkv4(k, v, w, flat(W(a + "time_first")), state.wkv[il])
+        y = out[:-3]
+        write_rows(new.wkv, out[-3:], il)
         cap(f"wkv-{il}", y)
         att = mul_mat(W(a + "output.weight"), mul(r, y))
         cap(f"attn_out-{il}", att)
@@ -122,7 +91,7 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         xx = layer_norm(x, W(b + "ln2.weight"), W(b + "ln2.bias"), eps)
         cap(f"ffn_norm-{il}", xx)
         sx = shifted(xx, state.shift_ffn[il])
-        put(new.shift_ffn, il, xx[-1])
+        write_rows(new.shift_ffn, xx[-1], il)
         r = sigmoid(mul_mat(W(f + "receptance.weight"), mix(xx, sx, W(f + "time_mix_r"))))
         k = sqr(relu(mul_mat(W(f + "key.weight"), mix(xx, sx, W(f + "time_mix_k")))))
         out = mul(r, mul_mat(W(f + "value.weight"), k))

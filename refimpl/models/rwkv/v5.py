@@ -35,24 +35,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import add, exp, get_rows, mul, mul_mat, norm, relu, rwkv_wkv6, scale, sigmoid, silu, sqr
-from ..common import device_constant, to_host
+from ...ops import add, exp, get_rows, mul, mul_mat, norm, relu, repeat, rwkv_wkv6, scale, sigmoid, silu, sqr
+from ..common import write_rows
 from . import RwkvModel, layer_norm
 from .state import RwkvState
 from .v4 import mix, shifted
-from .v6 import broadcast, derived, put
+from .v6 import derived
 
 
 def decay_and_bonus(model: RwkvModel, il: int) -> tuple[np.ndarray, np.ndarray]:
     """(w, u) of block il as (n_head, head_size) f32: w = exp(-exp(time_decay)) in (0, 1), u the bonus."""
     hp, a = model.hparams, f"blocks.{il}.att."
     H, N = hp.n_head, hp.head_size
-    w = to_host(exp(-to_host(exp(model.w(a + "time_decay")))))
+    w = exp.reference(-exp.reference(model.w(a + "time_decay")))     # at load, on the host: ggml's expf
     if a + "time_faaaa" in model.weights:
         u = model.w(a + "time_faaaa")
     else:
-        u = to_host(exp(model.w(a + "time_first")))
-    expand = lambda t: np.ascontiguousarray(np.broadcast_to(t.reshape(H, -1), (H, N)), np.float32)  # noqa: E731
+        u = exp.reference(model.w(a + "time_first"))
+    expand = lambda t: np.array(np.broadcast_to(np.asarray(t).reshape(H, -1), (H, N)), np.float32)  # noqa: E731
     return expand(w), expand(u)
 
 
@@ -72,7 +72,7 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         xx = layer_norm(x, W(b + "ln1.weight"), W(b + "ln1.bias"), eps)
         cap(f"attn_norm-{il}", xx)
         sx = shifted(xx, state.shift_att[il])
-        put(new.shift_att, il, xx[-1])
+        write_rows(new.shift_att, xx[-1], il)
         r = mul_mat(W(a + "receptance.weight"), mix(xx, sx, W(a + "time_mix_r")))
         k = mul_mat(W(a + "key.weight"), mix(xx, sx, W(a + "time_mix_k")))
         v = mul_mat(W(a + "value.weight"), mix(xx, sx, W(a + "time_mix_v")))
@@ -83,14 +83,13 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
             g = silu(mul_mat(W(a + "gate.weight"), mix(xx, sx, W(a + "time_mix_g"))))
             cap(f"g-{il}", g)
         w, u = derived(W(a + "time_decay"), "decay_and_bonus", lambda: decay_and_bonus(model, il))
-        w, u = device_constant(w), device_constant(u)
-        td = broadcast(w, (T, H, N))
+        td = repeat(w, (T, H, N))
         out = rwkv_wkv6(k.reshape(T, H, N), v.reshape(T, H, N), r.reshape(T, H, N), u, td,
                         state.wkv[il].reshape(1, H * N * N))
         y = out[:T].reshape(T, H, N)
-        put(new.wkv, il, out[T:].reshape(H, N, N))
+        write_rows(new.wkv, out[T:].reshape(H, N, N), il)
         cap(f"wkv-{il}", y)
-        hn = lambda t: device_constant(derived(t, "hn", lambda: t.reshape(H, N)))  # noqa: E731
+        hn = lambda t: derived(t, "hn", lambda: np.array(t, np.float32).reshape(H, N))  # noqa: E731
         y = add(mul(norm(y, hp.ln_x_eps), hn(W(a + "ln_x.weight"))), hn(W(a + "ln_x.bias")))
         y = y.reshape(T, H * N)
         cap(f"ln_x-{il}", y)
@@ -104,7 +103,7 @@ def forward_seq(model: RwkvModel, tokens: np.ndarray, state: RwkvState, cap):
         xx = layer_norm(x, W(b + "ln2.weight"), W(b + "ln2.bias"), eps)
         cap(f"ffn_norm-{il}", xx)
         sx = shifted(xx, state.shift_ffn[il])
-        put(new.shift_ffn, il, xx[-1])
+        write_rows(new.shift_ffn, xx[-1], il)
         r = sigmoid(mul_mat(W(f + "receptance.weight"), mix(xx, sx, W(f + "time_mix_r"))))
         kk = sqr(relu(mul_mat(W(f + "key.weight"), mix(xx, sx, W(f + "time_mix_k")))))
         out = mul(r, mul_mat(W(f + "value.weight"), kk))

@@ -44,10 +44,9 @@ and `ffn_out-{il}` (channel mixing's).
 Hyper-parameters read from model.hparams: n_layer, n_embd, n_head, head_size, norm_eps (ln0/ln1/ln2, default
 1e-5), ln_x_eps (default 64e-5), rescale_every (default 0).
 
-Under `refimpl.backend("cuda")` (exact numerics) activations and the state are device arrays: what the graph
-derives from the weights (transposed LoRA factors, flattened vectors, stacked mixes) is computed once per
-weight (`derived`) and uploaded once; the token shift's concat, the permutation and the state writes run as
-CUDA kernels (refimpl/kernels/cuda/movement.py). The NumPy code path is unchanged.
+What the graph derives from the weights (transposed LoRA factors, flattened vectors, stacked mixes) is
+computed once per weight (`derived`), read-only, so a backend keeps one copy of it as of any weight; the state
+is written with set_rows (`write_rows`) into the copy `RwkvState.copy` makes where the backend keeps state.
 """
 from __future__ import annotations
 
@@ -56,11 +55,11 @@ from typing import Callable
 
 import numpy as np
 
-from ...ops import (add, concat, exp, get_rows, mul, neg, norm, relu, rwkv_wkv6, scale, sigmoid, silu,
-                    sqr, sub, tanh)
+from ...ops import (add, concat, cont, exp, get_rows, mul, neg, norm, permute, relu, rwkv_wkv6, scale, sigmoid,
+                    silu, sqr, sub, tanh)
 from ...ops import mul_mat
 from ...qtensor import QTensor, dequantize
-from ..common import capture_fn, device_constant, gpu_mode, movement, on_device, permuted, to_host  # noqa: F401
+from ..common import capture_fn, write_rows
 from ..common import layer_norm as common_layer_norm
 from .state import RwkvState
 
@@ -68,66 +67,48 @@ GROUP_NORM_EPS = 64e-5        # ln_x: llama.cpp and BlinkDL both use 64e-5 (the 
 LAYER_NORM_EPS = 1e-5         # ln0/ln1/ln2/ln_out when hparams carry none (BlinkDL's F.layer_norm default)
 
 
-# -- the CUDA backend: weights derived once, state writes on the device (shared with v4, v5, v7) ---------
+# -- weights derived once (shared with v4, v5, v7) -------------------------------------------------------
 
 _DERIVED: dict[tuple, object] = {}
 
 
 def derived(sources, kind: str, fn: Callable):
-    """fn() for the weight(s) `sources`: under gpu_mode() computed once per (kind, source arrays) and kept,
-    so the kernels' weight cache (keyed by the host array) uploads it once; else computed on every call,
-    exactly as before. The entry holds weak references to its sources, is served only while they are the same
-    objects, and is dropped when any of them is freed (so a later array reusing an id never gets it)."""
-    if not gpu_mode():
-        return fn()
+    """fn() for the weight(s) `sources`, computed once per (kind, source arrays) and kept read-only (so a
+    backend may keep one copy of it, as of any weight). The entry holds weak references to its sources, is
+    served only while they are the same objects, and is dropped when any of them is freed (so a later array
+    reusing an id never gets it)."""
     srcs = sources if isinstance(sources, tuple) else (sources,)
     key = (kind,) + tuple(id(s) for s in srcs)
     hit = _DERIVED.get(key)
     if hit is None or not all(r() is x for r, x in zip(hit[0], srcs)):
         refs = tuple(weakref.ref(x) for x in srcs)     # ndarrays and QTensors: every weight takes a weak reference
-        hit = _DERIVED[key] = (refs, fn())
+        value = fn()
+        for a in value if isinstance(value, tuple) else (value,):
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+        hit = _DERIVED[key] = (refs, value)
         for x in srcs:                                 # dropped when any source is freed, before its id is reused
             weakref.finalize(x, _DERIVED.pop, key, None)
     return hit[1]
 
 
-def put(dst, i, value) -> None:
-    """dst[i] = value; into a device array (the state under the CUDA backend) by a CUDA copy kernel."""
-    if on_device(dst):
-        movement().assign(dst[i], value)
-    else:
-        dst[i] = to_host(value)
-
-
-def broadcast(x, shape):
-    """np.ascontiguousarray(np.broadcast_to(x, shape)); a device array is broadcast by a CUDA kernel."""
-    if on_device(x):
-        return movement().broadcast(x, shape)
-    return np.ascontiguousarray(np.broadcast_to(x, shape))
-
-
 # -- helpers shared with v7 -----------------------------------------------------------------------------
 
 def vec(x) -> np.ndarray:
-    """A stored vector ((1, 1, n) or (n,), any float type or a QTensor) as a flat f32 array (n,); under
-    gpu_mode() its device copy, made once."""
-    if gpu_mode():
-        return device_constant(derived(x, "vec", lambda: vec_f32(x)))
-    return vec_f32(x)
+    """A stored vector ((1, 1, n) or (n,), any float type or a QTensor) as a flat f32 array (n,), made once."""
+    return derived(x, "vec", lambda: vec_f32(x))
 
 
 def flat(x):
-    """x.reshape(-1) of a stored f32 vector; under gpu_mode() its device copy, made once."""
-    if gpu_mode():
-        return device_constant(derived(x, "flat", lambda: x.reshape(-1)))
-    return x.reshape(-1)
+    """A stored f32 vector's values as a flat array (n,) of its own, made once."""
+    return derived(x, "flat", lambda: np.array(x, dtype=np.float32).reshape(-1))
 
 
 def vec_f32(x) -> np.ndarray:
-    """A stored vector's values as a flat f32 host array (a quantized one dequantized)."""
+    """A stored vector's values as a flat f32 array of its own (a quantized one dequantized)."""
     if isinstance(x, QTensor):
         x = dequantize(x)
-    return np.asarray(x, dtype=np.float32).reshape(-1)
+    return np.array(x, dtype=np.float32).reshape(-1)
 
 
 def mat(x):
@@ -140,8 +121,8 @@ def mat(x):
 
 def lora_t(x) -> np.ndarray:
     """A BlinkDL LoRA factor stored (n_in, n_out) as the mul_mat weight (n_out, n_in) (ne [n_in, n_out]):
-    transposed, contiguous; f16 stays f16 (a transpose is exact), QTensors are dequantized first. Under
-    gpu_mode() made once per weight (`derived`)."""
+    transposed, contiguous; f16 stays f16 (a transpose is exact), QTensors are dequantized first. Made once
+    per weight (`derived`)."""
     return derived(x, "lora_t", lambda: _lora_t(x))
 
 
@@ -162,8 +143,7 @@ def layer_norm(x: np.ndarray, w, b, eps: float) -> np.ndarray:
 def token_shift(xn: np.ndarray, last: np.ndarray) -> np.ndarray:
     """sx = x_prev - xn with x_prev = [last, xn[:-1]] (ggml_concat along the token dim, then ggml_sub).
     xn (n_tokens, n_embd), last (n_embd,) -> (n_tokens, n_embd)."""
-    last = last.reshape(1, -1)
-    x_prev = concat(last if on_device(last) else last.astype(np.float32), xn[:-1], 1)   # the state is f32
+    x_prev = concat(last.reshape(1, -1), xn[:-1], 1)                     # the state is f32
     return sub(x_prev, xn)
 
 
@@ -219,12 +199,12 @@ def time_mix(x: np.ndarray, sx: np.ndarray, w: dict, p: str, n_head: int, head_s
     w1 = lora_t(w[p + "time_maa_w1"])                                   # (5*D_MIX, n_embd)  ne [n_embd, 5*D]
     d_mix = w1.shape[0] // 5
     xxx = tanh(mul_mat(w1, xxx)).reshape(T, 5, 1, d_mix)                # ne [D, 1, 5, T]
-    xxx = permuted(xxx, (1, 0, 2, 3))                                   # (5, T, 1, D) ggml_permute(0, 1, 3, 2)
+    xxx = cont(permute(xxx, 0, 1, 3, 2))                                # (5, T, 1, D)
     w2 = derived(w[p + "time_maa_w2"], "maa_w2",                        # ne [D, n_embd, 1, 5]
                  lambda: lora_t(w[p + "time_maa_w2"]).reshape(5, 1, C, d_mix))
     xxx = mul_mat(w2, xxx)                                              # (5, T, 1, n_embd)
     maa = tuple(w[p + f"time_maa_{c}"] for c in "wkvrg")
-    lerp = device_constant(derived(maa, "lerp", lambda: np.stack([vec_f32(m) for m in maa]).reshape(5, 1, 1, C)))
+    lerp = derived(maa, "lerp", lambda: np.stack([vec_f32(m) for m in maa]).reshape(5, 1, 1, C))
     xxx = add(mul(add(xxx, lerp), sx.reshape(T, 1, C)), x.reshape(T, 1, C))
     xw, xk, xv, xr, xg = (xxx[i].reshape(T, C) for i in range(5))
 
@@ -275,7 +255,7 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
     ln_x_eps = float(hparam(hp, "ln_x_eps", GROUP_NORM_EPS))
     cap = capture_fn(capture)
     tokens = check_tokens(model, tokens)
-    state = RwkvState.zeros(6, n_layer, n_embd, n_head, head_size) if state is None else state.copy()
+    state = (RwkvState.zeros(6, n_layer, n_embd, n_head, head_size) if state is None else state).copy()
     if state.version != 6 or state.wkv.shape != (n_layer, n_head, head_size, head_size):
         raise ValueError(f"state of version {state.version}, wkv {state.wkv.shape} does not fit this RWKV-6 "
                          f"model (n_layer {n_layer}, n_head {n_head}, head_size {head_size})")
@@ -287,8 +267,8 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
         cap(f"attn_norm-{il}", xn)
         sx = token_shift(xn, state.shift_att[il])
         att, wkv = time_mix(xn, sx, w, b + "att.", n_head, head_size, state.wkv[il], cap, il, ln_x_eps)
-        put(state.wkv, il, wkv)
-        put(state.shift_att, il, xn[-1])
+        write_rows(state.wkv, wkv, il)
+        write_rows(state.shift_att, xn[-1], il)
         x = add(att, x)
         cap(f"ffn_inp-{il}", x)
         xn = layer_norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], eps)
@@ -296,7 +276,7 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
         sx = token_shift(xn, state.shift_ffn[il])
         ffn = channel_mix(xn, sx, w, b + "ffn.")
         cap(f"ffn_out-{il}", ffn)
-        put(state.shift_ffn, il, xn[-1])
+        write_rows(state.shift_ffn, xn[-1], il)
         x = add(ffn, x)
         if rescale > 0 and (il + 1) % rescale == 0:
             x = scale(x, 0.5)

@@ -47,12 +47,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops import (add, exp, l2_norm, mul, neg, relu, rwkv_wkv7, scale, sigmoid, sqr, sub, sum_rows, tanh)
+from ...ops import (add, exp, l2_norm, mul, neg, relu, repeat, rwkv_wkv7, scale, sigmoid, sqr, sub, sum_rows, tanh)
 from ...ops import mul_mat
+from ..common import write_rows
 from .state import RwkvState
-from ..common import device_constant
-from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, broadcast, capture_fn, check_tokens, derived, dims, embed,
-                 group_norm_heads, hparam, layer_norm, lora_t, mat, put, token_shift, vec, vec_f32)
+from .v6 import (GROUP_NORM_EPS, LAYER_NORM_EPS, capture_fn, check_tokens, derived, dims, embed, group_norm_heads,
+                 hparam, layer_norm, lora_t, mat, token_shift, vec, vec_f32)
 
 DECAY_SCALE = -0.606531       # -exp(-0.5), as llama.cpp writes it
 KK_EPS = 1e-12                # l2_norm eps of kk (F.normalize's default)
@@ -76,8 +76,8 @@ def time_mix(x: np.ndarray, sx: np.ndarray, w: dict, p: str, n_head: int, head_s
     names = "rwkvag" if gated else "rwkva"
     n = len(names)
     lerps = tuple(w[p + f"x_{c}"] for c in names)
-    lerp = device_constant(derived(lerps, "lerp", lambda: np.stack([vec_f32(m) for m in lerps]).reshape(n, 1, 1, C)))
-    sx_rep = broadcast(sx.reshape(1, 1, T, C), (n, 1, T, C))                     # ggml_repeat
+    lerp = derived(lerps, "lerp", lambda: np.stack([vec_f32(m) for m in lerps]).reshape(n, 1, 1, C))
+    sx_rep = repeat(sx.reshape(1, 1, T, C), (n, 1, T, C))                         # ggml_repeat
     xxx = add(mul(sx_rep, lerp), x)                                              # (n, 1, T, n_embd)
     xr, xw, xk, xv, xa = (xxx[i, 0] for i in range(5))
 
@@ -133,7 +133,7 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
     ln_x_eps = float(hparam(hp, "ln_x_eps", GROUP_NORM_EPS))
     cap = capture_fn(capture)
     tokens = check_tokens(model, tokens)
-    state = RwkvState.zeros(7, n_layer, n_embd, n_head, head_size) if state is None else state.copy()
+    state = (RwkvState.zeros(7, n_layer, n_embd, n_head, head_size) if state is None else state).copy()
     if state.version != 7 or state.wkv.shape != (n_layer, n_head, head_size, head_size):
         raise ValueError(f"state of version {state.version}, wkv {state.wkv.shape} does not fit this RWKV-7 "
                          f"model (n_layer {n_layer}, n_head {n_head}, head_size {head_size})")
@@ -147,8 +147,8 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
         sx = token_shift(xn, state.shift_att[il])
         att, wkv, v_first = time_mix(xn, sx, w, b + "att.", n_head, head_size, state.wkv[il], v_first, cap, il,
                                      ln_x_eps)
-        put(state.wkv, il, wkv)
-        put(state.shift_att, il, xn[-1])
+        write_rows(state.wkv, wkv, il)
+        write_rows(state.shift_att, xn[-1], il)
         x = add(att, x)
         cap(f"ffn_inp-{il}", x)
         xn = layer_norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], eps)
@@ -156,7 +156,7 @@ def forward_seq(model, tokens, state: RwkvState | None, capture=None) -> tuple[n
         sx = token_shift(xn, state.shift_ffn[il])
         ffn = channel_mix(xn, sx, w, b + "ffn.")
         cap(f"ffn_out-{il}", ffn)
-        put(state.shift_ffn, il, xn[-1])
+        write_rows(state.shift_ffn, xn[-1], il)
         x = add(ffn, x)
         cap(f"l_out-{il}", x)
     return x, state
