@@ -87,7 +87,7 @@ def set_rows(a, b, c, out=None):
     if E > 1 and (a.strides[-1] != a.itemsize or b.strides[-1] != b.itemsize):
         return NotImplemented                         # rows not contiguous: the reference's error
     idx = c.reshape(n)
-    if not _in_range(idx, R):
+    if not (0 <= int(idx[0]) < R if n == 1 else _in_range(idx, R)):
         return NotImplemented                         # an index out of range: the reference's error
     if out is None:
         dst = a.copy()
@@ -106,5 +106,8 @@ def set_rows(a, b, c, out=None):
         target, rows = dst.reshape(R, E).view(np.uint16), rows.view(np.uint16)
     else:
         target = dst.reshape(R, E)                    # unit axes dropped: a view of dst
-    _scatter_rows(target, rows, idx)
+    if n == 1:                                        # one row (a decode step's cache write): a row copy
+        target[int(idx[0])] = rows[0]
+    else:
+        _scatter_rows(target, rows, idx)
     return dst

@@ -397,8 +397,8 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     to f16 before the dot products, and products with >= 2 tokens follow llamafile's sgemm, see above).
     """
     T, H, D = q.shape
-    qh = cont(permute(q, 0, 2, 1, 3))                          # (H, T, D)    ne [D, T, H]
-    kh = permute(k, 0, 2, 1, 3)                                # (Hkv, n_kv, D): a view of the cache's rows
+    qh = permute(q, 0, 2, 1, 3)                                # (H, T, D)    ne [D, T, H]   views, as
+    kh = permute(k, 0, 2, 1, 3)                                # (Hkv, n_kv, D)              llama.cpp's
     kq = mul_mat(kh, qh)                                       # (H, T, n_kv) ne [n_kv, T, H]
     cap(f"kq-{il}", kq)
     kq = soft_max_ext(kq, mask, scale, 0.0)

@@ -520,6 +520,7 @@ def view(a: np.ndarray, shape, strides=None, offset: int = 0) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _permute_axes(ax: tuple) -> tuple | None:
+    ax = tuple(int(x) for x in ax)
     if sorted(ax) != [0, 1, 2, 3]:
         return None
     p = [0] * 4
@@ -531,10 +532,12 @@ def _permute_axes(ax: tuple) -> tuple | None:
 def permute_axes(axis0, axis1, axis2, axis3, a=None) -> tuple:
     """np.transpose's axes of the 4-D NumPy view for ggml_permute(a, axis0..3): p[3 - axis_i] = 3 - i (ggml's
     axes say where each source dim goes, np.transpose's where each result axis comes from)."""
-    ax = (int(axis0), int(axis1), int(axis2), int(axis3))
-    p = _permute_axes(ax)
+    try:
+        p = _permute_axes((axis0, axis1, axis2, axis3))
+    except (TypeError, ValueError):
+        p = None
     if p is None:
-        fail("permute", f"axes {list(ax)} must be a permutation of 0..3", a=a)
+        fail("permute", f"axes {[axis0, axis1, axis2, axis3]} must be a permutation of 0..3", a=a)
     return p
 
 
@@ -555,6 +558,12 @@ def permute(a, axis0: int, axis1: int, axis2: int, axis3: int):
     a = _arr(a)
     p = permute_axes(axis0, axis1, axis2, axis3, a)
     nd = a.ndim
+    if type(a) is np.ndarray:
+        if nd == 4:
+            return a.transpose(p)
+        if nd == 3 and p[0] == 0:                 # the missing leading dim stays in front: the 3-D transpose
+            return a.transpose(p[1] - 1, p[2] - 1, p[3] - 1)
+        return _trim(np.transpose(as4(a), p), nd)
     if isinstance(a, QTensor) and a.traits.blck_size == 1:       # BF16: permute the elements (a copy)
         return _like(_trim(np.transpose(as4(_elems(a)), p), nd), a.type)
     if isinstance(a, QTensor):
