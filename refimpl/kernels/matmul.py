@@ -486,6 +486,8 @@ def mul_mat(a, b) -> np.ndarray:
     n, k = na[1], na[0]
     use_mkl = fast and mkl.available()
     if fast and tid is None and na[2] * na[3] > 1 and r3 * r2 * nb[1] > DECODE_ROWS:
+        if not b4.flags.c_contiguous:           # a permuted Q (llama.cpp's view): packed once, as the split
+            b4 = np.ascontiguousarray(b4)       # sgemm and the batched products read whole rows
         batched = _batched_split if use_mkl else _batched_f32
         return batched(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
     out = np.empty((nb[3], nb[2], nb[1], n), np.float32)

@@ -75,6 +75,14 @@ def _scatter_rows(dst, rows, idx) -> None:
 def set_rows(a, b, c, out=None):
     """ggml_set_rows (see refimpl.ops.movement.set_rows) into an f32/f16 ndarray, one batch (dims 2, 3 of
     size 1): the converted rows scattered by `_scatter_rows`; NotImplemented (the reference) otherwise."""
+    if (out is a and type(a) is np.ndarray and type(b) is np.ndarray and type(c) is np.ndarray and a.ndim == 2
+            and b.ndim == 2 and c.ndim == 1 and c.size == 1 and b.shape[0] == 1 and a.dtype == _F32
+            and b.dtype == _F32 and c.dtype in _IDX and b.shape[1] == a.shape[1] and a.flags.writeable
+            and a.strides[1] == 4 and b.strides[1] == 4):
+        r = int(c[0])                                 # one f32 row in place (a decode step's cache write)
+        if 0 <= r < a.shape[0]:
+            a[r] = b[0]
+            return a
     if not (type(a) is np.ndarray and a.dtype in (_F32, _F16) and 1 <= a.ndim <= 4
             and type(b) is np.ndarray and b.dtype == _F32 and 1 <= b.ndim <= 4
             and type(c) is np.ndarray and c.dtype in _IDX and 1 <= c.ndim <= 3):
