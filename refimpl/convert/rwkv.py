@@ -176,7 +176,8 @@ def _hf_to_blinkdl(name: str, x: np.ndarray) -> Iterator[tuple[str, np.ndarray]]
 def read_state_dict(src) -> tuple[dict, dict, Path | None, str]:
     """(state dict in BlinkDL names, HF config (or {}), directory to look for a vocabulary in, model name).
 
-    src: a dict of arrays (BlinkDL names), a .pth / .safetensors file, or a Hugging Face directory."""
+    src: a dict of arrays (BlinkDL names), a .pth / .safetensors file, an rwkv.cpp .bin file, or a Hugging Face
+    directory."""
     if isinstance(src, Mapping):
         return {k: _to_numpy(v) for k, v in src.items()}, {}, None, "rwkv"
     p = Path(src)
@@ -193,6 +194,12 @@ def read_state_dict(src) -> tuple[dict, dict, Path | None, str]:
             for n, x in _hf_to_blinkdl(k, _to_numpy(raw[k])):
                 sd[n] = x
         return sd, cfg, p, p.name
+    from ..models.rwkv import rwkv_cpp
+    if rwkv_cpp.is_rwkv_cpp(p):                     # rwkv.cpp's own file: its converter undone, f32 values
+        from ..qtensor import dequantize
+        sd = {k: dequantize(v) if isinstance(v, QTensor) else np.asarray(v, np.float32)
+              for k, v in rwkv_cpp.state_dict(p).items()}
+        return sd, {}, p.parent, p.stem
     raw = _load_file(p)
     sd = {k: _to_numpy(v) for k, v in raw.items()}
     if not any(k.startswith("blocks.") for k in sd):   # an HF layout in a single file
@@ -204,6 +211,9 @@ def detect(path) -> bool:
     """True for a single .pth / .safetensors file holding an RWKV-6 or RWKV-7 state dict (BlinkDL or HF names);
     only the tensor names are read (a .pth through torch's memory map; without torch, False)."""
     p = Path(path)
+    from ..models.rwkv import rwkv_cpp
+    if p.is_file() and rwkv_cpp.is_rwkv_cpp(p):
+        return True                                 # rwkv.cpp's .bin (v4/v5 are refused by detect_version)
     if not p.is_file() or p.suffix not in (".pth", ".safetensors"):
         return False
     try:

@@ -1,6 +1,6 @@
 """RWKV v4, v5 (5.0 / 5.1 / 5.2), v6 and v7 as plain functions over refimpl's ops, with an explicit state.
 
-    model = load("RWKV-4-Pile-169M.pth")              # .pth (needs torch), .safetensors, .npz or .gguf
+    model = load("RWKV-4-Pile-169M.pth")              # .pth (needs torch), .safetensors, .npz, .gguf, rwkv.cpp .bin
     logits, state = forward(model, tokens)             # logits (n_vocab,) f32 of the LAST token; a new RwkvState
     logits, state = forward(model, [t], state)         # continue; `state` itself is never modified
     fork = state.copy()                                # states are NumPy arrays only: copy, save, load
@@ -66,7 +66,8 @@ _READER_ERRORS = {"SafetensorError", "UnpicklingError", "BadZipFile", "TokenErro
 
 def load(path, *, tokenizer=None) -> RwkvModel:
     """Load an RWKV model: a BlinkDL/ChatRWKV .pth (torch.load with weights_only=True; needs torch), a
-    .safetensors or .npz state dict, or a llama.cpp .gguf (gguf_io.load). The version is detected from the
+    .safetensors or .npz state dict, a llama.cpp .gguf (gguf_io.load) or an rwkv.cpp .bin (rwkv_cpp.load).
+    The version is detected from the
     tensors (checkpoint.detect_version)."""
     try:
         return _read(path, tokenizer)
@@ -88,6 +89,9 @@ def _read(path, tokenizer) -> RwkvModel:
         if tokenizer is not None:
             model.tokenizer = tokenizer
         return model
+    from . import rwkv_cpp
+    if rwkv_cpp.is_rwkv_cpp(path):
+        return rwkv_cpp.load(path, tokenizer=tokenizer)
     from .checkpoint import load as _load
     return _load(path, tokenizer=tokenizer)
 
