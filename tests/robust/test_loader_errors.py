@@ -235,9 +235,13 @@ def test_a_llama2c_loader_handed_another_format_says_what_it_looks_like(bert_dir
 
 
 def test_an_rwkv_cpp_file_is_named_for_what_it_is(tmp_path):
-    """rwkv.cpp's model.bin once got "reading a .pth needs torch"."""
+    """rwkv.cpp's model.bin once got "reading a .pth needs torch"; rwkv.load reads the format now, and a
+    damaged one says what is wrong with it; the state-dict reader still names it."""
     from refimpl.models import rwkv
+    from refimpl.models.rwkv.checkpoint import read_state_dict
     p = tmp_path / "model.bin"
     p.write_bytes((0x67676D66).to_bytes(4, "little") + bytes(100))
-    with pytest.raises(refimpl.RWKVError, match="looks like an rwkv.cpp model file.*not rwkv.cpp's format"):
+    with pytest.raises(refimpl.RWKVError, match="model.bin: rwkv.cpp file version 0; refimpl .as rwkv.cpp. reads 100"):
         rwkv.load(p)
+    with pytest.raises(refimpl.RWKVError, match="looks like an rwkv.cpp model file.*rwkv.load"):
+        read_state_dict(p)

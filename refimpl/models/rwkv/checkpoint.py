@@ -109,7 +109,7 @@ def read_state_dict(path) -> dict[str, np.ndarray]:
     if kind is not None and not kind.startswith(("a zip archive", "a Python pickle")):
         # not a torch file: say what it is instead of asking for torch (rwkv.cpp's .bin has magic 'ggmf')
         raise RWKVError(f"{path}: not a PyTorch checkpoint: it looks like {kind}"
-                        + ("; refimpl reads RWKV .pth, .safetensors, .npz and GGUF files, not rwkv.cpp's format"
+                        + ("; rwkv.load reads rwkv.cpp's format (refimpl.models.rwkv.rwkv_cpp)"
                            if "rwkv.cpp" in kind else ""), path)
     if path.suffix in (".pth", ".pt", ".bin"):
         sd = _read_pth(path)
