@@ -128,6 +128,18 @@ def test_fp32_and_k_quant_tensors_read_back(tmp_path):
     np.testing.assert_array_equal(got, serial_and_sequence(rwkv_cpp.from_tensors(head, t))[0])
 
 
+def test_version_100_float_file_reads_as_version_101(tmp_path):
+    """rwkv.cpp's version 100 differs from 101 only in its quantized block layouts: a float file written as
+    version 100 gives the same tensors and logits as the same file written as version 101."""
+    head, tensors = rwkv_cpp.read(DATA / "tiny-rwkv-5v2-730K-FP16.bin")
+    old, new = write(tmp_path / "v100.bin", head, tensors, 100), write(tmp_path / "v101.bin", head, tensors, 101)
+    (h100, t100), (h101, t101) = rwkv_cpp.read(old), rwkv_cpp.read(new)
+    assert h100["version"] == 100 and h101["version"] == 101
+    assert dict(h100, version=101) == h101 and list(t100) == list(t101)
+    assert all(np.array_equal(t100[k], t101[k]) for k in t100)
+    np.testing.assert_array_equal(serial_and_sequence(rwkv.load(old))[0], serial_and_sequence(rwkv.load(new))[0])
+
+
 def test_errors_name_the_file_and_the_tensor(tmp_path):
     good = (DATA / "tiny-rwkv-4v0-660K-Q5_1.bin").read_bytes()
 
