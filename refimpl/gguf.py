@@ -504,6 +504,8 @@ def check_tokenizer_metadata(metadata, path="GGUF") -> None:
              "integers in 0..6 (llama_token_type)", n=n)
     merges = array_of("tokenizer.ggml.merges", lambda x: isinstance(x, str), "strings ('left right')")
     array_of("tokenizer.ggml.added_tokens", lambda x: isinstance(x, str), "strings")
+    array_of("tokenizer.ggml.precompiled_charsmap", lambda x: _is_int(x) and -128 <= x <= 255,
+             "bytes (int8 or uint8)")
     if metadata.get("tokenizer.ggml.model") == "gpt2":
         # byte-level BPE texts are GPT-2's byte alphabet: always valid UTF-8 (the reader keeps invalid
         # bytes as lone surrogates, which no BPE implementation can take)

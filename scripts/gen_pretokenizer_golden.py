@@ -5,10 +5,11 @@ Most of llama.cpp's pre-tokenizer names have no vocabulary with test vectors in 
 an oracle: GPT-2's vocab-only GGUF from llama.cpp's models/ (the llama-cpp-python 0.3.36 sdist that
 scripts/build_llamacpp.sh downloads) with `tokenizer.ggml.pre` set to the name, tokenized by llama.cpp
 (llama-cpp-python, vocab_only, add_special=False, parse_special=False) over the inputs of
-ggml-vocab-qwen35.gguf.inp. The vocabularies of models/ without `.inp`/`.out` (aquila, baichuan, gpt-neox;
-nomic-bert-moe's UGM model refimpl does not read yet) get llama.cpp's ids on the same inputs, plain and with
-special-token parsing (add_special=True, parse_special=True) on inputs that also hold the vocabulary's own
-control tokens. Each runs in its own process: llama.cpp aborts on a name it does not know.
+ggml-vocab-qwen35.gguf.inp. The vocabularies of models/ without `.inp`/`.out` (aquila, baichuan, gpt-neox and
+nomic-bert-moe, a UGM model) get llama.cpp's ids on the same inputs, plain and with special-token parsing
+(add_special=True, parse_special=True) on inputs that also hold the vocabulary's own control tokens and mask
+token, and llama_detokenize's text (hex) of the latter ids. Each runs in its own process: llama.cpp aborts on
+a name it does not know.
 
     .venv/bin/python scripts/gen_pretokenizer_golden.py
 """
@@ -34,29 +35,47 @@ def sdist() -> Path:
         f"llama_cpp_python-{VERSION}.tar.gz"
 
 
-NO_VECTORS = ("aquila", "baichuan", "gpt-neox")
+NO_VECTORS = ("aquila", "baichuan", "gpt-neox", "nomic-bert-moe")
+
+
+def detokenize(llm, ids: list[int]) -> bytes:
+    """llama_detokenize(ids, remove_special=False, unparse_special=True)."""
+    import ctypes
+    import llama_cpp.llama_cpp as C
+    v = C.llama_model_get_vocab(llm.model)
+    arr = (C.llama_token * max(len(ids), 1))(*ids)
+    size = 64 + 64 * len(ids)
+    buf = ctypes.create_string_buffer(size)
+    k = C.llama_detokenize(v, arr, len(ids), buf, size, False, True)
+    assert 0 <= k <= size
+    return buf.raw[:k]
 
 
 def child(path: str, special: bool) -> None:
     import llama_cpp
     texts = json.loads(sys.stdin.read())
     llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
-    print(json.dumps([llm.tokenize(t.encode("utf-8"), add_bos=special, special=special) for t in texts]))
+    ids = [llm.tokenize(t.encode("utf-8"), add_bos=special, special=special) for t in texts]
+    print(json.dumps([ids, [detokenize(llm, i).hex() for i in ids]]))
 
 
-def run(path: Path, texts: list[str], special: bool = False) -> list:
+def run(path: Path, texts: list[str], special: bool = False, decode: bool = False) -> list:
     r = subprocess.run([sys.executable, __file__, "--child", str(path), str(int(special))], input=json.dumps(texts),
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"llama.cpp failed on {path.name}: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    ids, text = json.loads(r.stdout.strip().splitlines()[-1])
+    return (ids, text) if decode else ids
 
 
 def special_texts(meta: dict) -> list[str]:
-    """Texts around the vocabulary's first control tokens, so that special-token parsing has work to do."""
+    """Texts around the vocabulary's first control tokens, so that special-token parsing has work to do, and
+    around a mask token (which takes the whitespace before it in some vocabularies)."""
     toks, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type") or []
     ctl = [t for t, ty in zip(toks, types) if ty == 3 and t][:3]
-    return [f"{c}Hello world{c} and {c}" for c in ctl] + ["".join(ctl) + " plain text " + "".join(ctl)]
+    masks = [m for m in ("<mask>", "[MASK]") if m in toks]
+    return [f"{c}Hello world{c} and {c}" for c in ctl] + ["".join(ctl) + " plain text " + "".join(ctl)] + \
+        [f"Paris is the  {m} of France.\t{m}\n {m}{m} end {m}" for m in masks]
 
 
 def main() -> None:
@@ -81,7 +100,8 @@ def main() -> None:
             p = Path(tmp) / f"ggml-vocab-{name}.gguf"
             p.write_bytes(tf.extractfile(MODELS + p.name).read())
             st = special_texts(gguf.load(p).metadata)
-            vocabs[name] = {"plain": run(p, texts), "special_texts": st, "special": run(p, texts + st, True)}
+            special, decoded = run(p, texts + st, True, decode=True)
+            vocabs[name] = {"plain": run(p, texts), "special_texts": st, "special": special, "decode": decoded}
             print(f"vocabulary {name}: done", flush=True)
     head = {"source": f"llama.cpp of llama-cpp-python {llama_cpp.__version__}: Llama(vocab_only=True).tokenize("
                       f"text, add_bos=False, special=False) on ggml-vocab-gpt-2.gguf with tokenizer.ggml.pre set",

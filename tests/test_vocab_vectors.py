@@ -8,8 +8,9 @@
 2. Most pre-tokenizer names have no such vocabulary: tests/golden_data/pre_tokenizers.json holds llama.cpp's
    ids for each (GPT-2's vocabulary with `tokenizer.ggml.pre` set to the name, llama.cpp tokenizing
    qwen35's test inputs; scripts/gen_pretokenizer_golden.py regenerates it); refimpl must give the same.
-3. The vocabularies without vectors (aquila, baichuan, gpt-neox): llama.cpp's ids from the same golden file,
-   plain and with special-token parsing. nomic-bert-moe (a T5-style unigram model) is refused by name.
+3. The vocabularies without vectors (aquila, baichuan, gpt-neox, and nomic-bert-moe, a T5-style unigram model
+   read by refimpl.tokenizers.ugm): llama.cpp's ids from the same golden file, plain and with special-token
+   parsing, and llama_detokenize's text of the latter ids.
 """
 from __future__ import annotations
 
@@ -96,10 +97,11 @@ def test_every_pre_tokenizer_gives_llama_cpps_ids(golden, gpt2_metadata, name):
     assert not bad, f"{name}: {len(bad)} of {len(golden['texts'])} inputs differ:\n" + "\n".join(bad[:5])
 
 
-@pytest.mark.parametrize("name", ["aquila", "baichuan", "gpt-neox"])
+@pytest.mark.parametrize("name", ["aquila", "baichuan", "gpt-neox", "nomic-bert-moe"])
 def test_vocabularies_without_vectors_give_llama_cpps_ids(golden, vocabs, name):
     """llama.cpp's vocabularies that ship without test vectors: llama.cpp's own ids (the golden file) on the
-    same inputs, plain and with special-token parsing (BOS added, control-token texts parsed)."""
+    same inputs, plain and with special-token parsing (BOS added, control-token texts parsed), and the text
+    llama_detokenize gives back for the latter ids (control tokens rendered)."""
     g = golden["vocabularies"][name]
     tok = tokenizer.from_gguf(vocabs / f"ggml-vocab-{name}.gguf")
     bad = []
@@ -113,10 +115,9 @@ def test_vocabularies_without_vectors_give_llama_cpps_ids(golden, vocabs, name):
         got = tok.encode(text, add_special=True, parse_special=True)
         if got != want:
             bad.append(f"special {text[:40]!r}: refimpl {got[:16]}, llama.cpp {want[:16]}")
+    assert len(g["decode"]) == len(texts)
+    for ids, want in zip(g["special"], g["decode"]):
+        got = tok.decode(ids, special=True).encode("utf-8")
+        if got != bytes.fromhex(want):
+            bad.append(f"decode {ids[:8]}: refimpl {got[:40]!r}, llama.cpp {bytes.fromhex(want)[:40]!r}")
     assert not bad, f"{name}: {len(bad)} inputs differ:\n" + "\n".join(bad[:5])
-
-
-def test_the_ugm_vocabulary_is_refused_by_name(vocabs):
-    """nomic-bert-moe's T5-style unigram model (llama.cpp's UGM) is not read yet: a clear error, not wrong ids."""
-    with pytest.raises(ValueError, match="tokenizer model 't5' is not supported"):
-        tokenizer.from_gguf(vocabs / "ggml-vocab-nomic-bert-moe.gguf")

@@ -2,7 +2,9 @@
 
     tok = refimpl.tokenizers.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")    # also refimpl.tokenizer.from_gguf
 
-    llama.py      BPE (gpt2: byte-level, with every pre-tokenizer of PRE_TOKENIZERS) and SPM (llama) -- Tokenizer
+    llama.py      BPE (gpt2: byte-level, with every pre-tokenizer of PRE_TOKENIZERS), SPM (llama), gemma4's BPE
+                  and UGM (t5) -- Tokenizer
+    ugm.py        UGM: SentencePiece's unigram model as llama.cpp encodes it (normalizer charsmap, Viterbi)
     wordpiece.py  WordPiece (bert), and Hugging Face's tokenizer.json / vocab.txt for BERT checkpoints
     rwkv.py       RWKV World (rwkv): greedy longest match over a byte trie
     base.py       llama.cpp's end-of-generation texts and the streaming decoder they share

@@ -97,6 +97,7 @@ from typing import Iterable, Sequence
 
 from .base import EOG_TEXTS, EOT_TEXTS, StreamDecoder, token_index  # noqa: F401
 from .pretok_regexes import REGEXES
+from .ugm import UGM
 
 
 
@@ -200,6 +201,30 @@ _FIM_TEXTS = {   # FIM tokens that llama.cpp counts as end of generation
     "fim_sep": ("<|file_sep|>",),
 }
 _SPECIAL = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
+_C_SPACE = " \t\n\v\f\r"          # C's isspace
+
+
+def _strip_attributes(kv: dict, token_to_id: dict, special_ids: list[int]) -> tuple[frozenset, frozenset]:
+    """The ids llama.cpp gives LSTRIP and RSTRIP by model, pre-tokenizer and architecture name: `<mask>`
+    takes the whitespace before it for jina-v2-de/-es/-code, nomic-bert-moe and jina-bert-v3, `[MASK]` for
+    modern-bert; for phi-3 every special token and `</s>` take the whitespace after them, but `<unk>`,
+    `<s>` and `<|endoftext|>` do not."""
+    pre = kv.get("tokenizer.ggml.pre") or ""
+    arch = kv.get("general.architecture") or ""
+    name = (kv.get("general.name") or "").lower()
+    has = lambda s, subs: any(x in s for x in subs)          # noqa: E731
+    lstrip, rstrip = set(), set()
+    if has(pre, ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or has(arch, ("nomic-bert-moe", "jina-bert-v3")):
+        if "<mask>" in token_to_id:
+            lstrip.add(token_to_id["<mask>"])
+    elif has(name, ("phi-3", "phi3")):
+        rstrip.update(special_ids)
+        rstrip.update(token_to_id[t] for t in ("</s>",) if t in token_to_id)
+        rstrip.difference_update(token_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in token_to_id)
+    elif has(name, ("modern-bert",)):
+        if "[MASK]" in token_to_id:
+            lstrip.add(token_to_id["[MASK]"])
+    return frozenset(lstrip), frozenset(rstrip)
 
 
 class Tokenizer:
@@ -247,8 +272,16 @@ class Tokenizer:
             self.merges = []
             defaults = dict(bos=1, eos=2, unk=0, add_bos=True, space_prefix=True)
             self._clean_spaces = False
+        elif self.model == "t5":
+            # UGM: SentencePiece's unigram model (refimpl.tokenizers.ugm); llama.cpp's defaults for "t5"
+            self.pre = "default"
+            self._pre = None
+            self.merges = []
+            defaults = dict(bos=None, eos=1, unk=2, pad=0, add_bos=False, add_eos=True, space_prefix=False)
+            self._clean_spaces = False
         else:
-            raise ValueError(f"tokenizer model {self.model!r} is not supported (only 'gpt2', 'gemma4' and 'llama')")
+            raise ValueError(f"tokenizer model {self.model!r} is not supported "
+                             f"(only 'gpt2', 'gemma4', 'llama' and 't5')")
 
         def sid(key, default=None):
             v = kv.get(f"tokenizer.ggml.{key}_token_id", default)
@@ -257,11 +290,11 @@ class Tokenizer:
         self.bos_id = sid("bos", defaults["bos"])
         self.eos_id = sid("eos", defaults["eos"])
         self.unk_id = sid("unknown", defaults["unk"])
-        self.pad_id = sid("padding")
+        self.pad_id = sid("padding", defaults.get("pad"))
         self.eot_id = sid("eot")
         self.eom_id = sid("eom")
         self.add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", defaults["add_bos"]))
-        self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", False))
+        self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", defaults.get("add_eos", False)))
         self.add_space_prefix = bool(kv.get("tokenizer.ggml.add_space_prefix", defaults["space_prefix"]))
 
         # llama.cpp's text-based detection: EOT, EOM, FIM tokens, forced to CONTROL; the EOG set.
@@ -290,8 +323,14 @@ class Tokenizer:
         # special tokens cut out of the text before tokenization, longest text first
         self._special_ids = sorted((i for i in range(n) if self.token_type[i] in _SPECIAL and self.tokens[i]),
                                    key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogateescape")))
+        self._lstrip, self._rstrip = _strip_attributes(kv, self.token_to_id, self._special_ids)
         self._pieces: list[bytes | None] = [None] * n     # token_to_piece(special=True), filled lazily
         self._bpe = None
+        self._ugm = None
+        if self.model == "t5":
+            cm = kv.get("tokenizer.ggml.precompiled_charsmap")
+            self._charsmap = bytes(x & 0xFF for x in cm) if cm is not None else None      # int8 or uint8
+            self.remove_extra_whitespaces = bool(kv.get("tokenizer.ggml.remove_extra_whitespaces", False))
 
     def _force_control(self, i: int) -> None:
         if self.token_type[i] not in (TokenType.CONTROL, TokenType.UNUSED):
@@ -322,6 +361,9 @@ class Tokenizer:
                     out.extend(next(enc))
                 else:
                     out.append(f)
+        elif self.model == "t5":
+            for f in frags:
+                out.extend(self._ugm_model().encode(f) if isinstance(f, str) else [f])
         else:
             prev_special = True
             for f in frags:
@@ -338,7 +380,8 @@ class Tokenizer:
         return out
 
     def _partition(self, text: str, parse_special: bool) -> list:
-        """`tokenizer_st_partition`: text fragments (str) and special token ids (int), in order."""
+        """`tokenizer_st_partition`: text fragments (str) and special token ids (int), in order. A token
+        with llama.cpp's LSTRIP / RSTRIP attribute also takes the whitespace before / after it."""
         frags: list = [text] if text else []
         for tid in self._special_ids:
             if not parse_special and self.token_type[tid] != TokenType.USER_DEFINED:
@@ -346,6 +389,7 @@ class Tokenizer:
             s = self.tokens[tid]
             if not any(isinstance(f, str) and s in f for f in frags):
                 continue
+            lstrip, rstrip = tid in self._lstrip, tid in self._rstrip
             new = []
             for f in frags:
                 if not isinstance(f, str) or s not in f:
@@ -355,10 +399,21 @@ class Tokenizer:
                 for k, p in enumerate(parts):
                     if k:
                         new.append(tid)
+                        if rstrip:
+                            p = p.lstrip(_C_SPACE)
+                    if lstrip and k < len(parts) - 1:
+                        p = p.rstrip(_C_SPACE)
                     if p:
                         new.append(p)
             frags = new
         return frags
+
+    def _ugm_model(self):
+        if self._ugm is None:
+            self._ugm = UGM(self.tokens, self.token_type, self.scores, self.unk_id, self._charsmap,
+                            add_space_prefix=self.add_space_prefix,
+                            remove_extra_whitespaces=self.remove_extra_whitespaces)
+        return self._ugm
 
     def _gemma4_encode(self, text: str) -> list[int]:
         """One raw fragment through llama.cpp's gemma4 BPE: spaces -> U+2581, split into line-break runs and
@@ -480,7 +535,7 @@ class Tokenizer:
             return bytes([CHAR_TO_BYTE[text]]) if text in CHAR_TO_BYTE else raw
         if t != TokenType.NORMAL:
             return b""                                    # UNUSED, UNDEFINED: llama.cpp emits nothing
-        if self.model in ("llama", "gemma4"):
+        if self.model in ("llama", "gemma4", "t5"):
             return raw.replace("\u2581".encode(), b" ")
         return bytes(CHAR_TO_BYTE[c] for c in text) if all(c in CHAR_TO_BYTE for c in text) else raw
 
