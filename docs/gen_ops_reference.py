@@ -241,26 +241,61 @@ def _notebook_summary(path: Path) -> tuple[str, str]:
     return title, " ".join(para)
 
 
+VOCABULARIES = (   # llama.cpp's vocab-only GGUFs (models/ of the llama-cpp-python 0.3.36 sdist) and what CI checks
+    ("bert-bge", "bert", 47), ("command-r", "gpt2", 47), ("deepseek-coder", "gpt2", 47),
+    ("deepseek-llm", "gpt2", 47), ("falcon", "gpt2", 47), ("gemma-4", "gemma4", 46), ("gpt-2", "gpt2", 47),
+    ("llama-bpe", "gpt2", 47), ("llama-spm", "llama", 47), ("mpt", "gpt2", 47), ("phi-3", "llama", 47),
+    ("qwen2", "gpt2", 47), ("qwen35", "gpt2", 51), ("refact", "gpt2", 47), ("starcoder", "gpt2", 47))
+NO_VECTORS = (("aquila", "gpt2", 51, 56), ("baichuan", "llama", 51, 54), ("gpt-neox", "gpt2", 51, 54),
+              ("nomic-bert-moe", "t5", 51, 56))
+
+
 def tokenizers_page() -> str:
-    """Every BPE pre-tokenizer name refimpl reads, grouped by the regexes they share, with the regexes."""
+    """The vocabularies checked against llama.cpp, the tokenizer models, and every BPE pre-tokenizer name
+    refimpl reads, grouped by the regexes they share, with the regexes."""
     _import_path()
     from refimpl.tokenizers import PRE_TOKENIZERS
     groups: dict = {}
     for name, pre in sorted(PRE_TOKENIZERS.items()):
         groups.setdefault(pre, []).append(name)
-    lines = ["# Tokenizer pre-tokenizers", "",
-             "A BPE vocabulary (`tokenizer.ggml.model` \"gpt2\") names its pre-tokenizer in `tokenizer.ggml.pre`: "
-             "the regexes llama.cpp (llama-vocab.cpp of llama-cpp-python 0.3.36) splits the text with before BPE, "
-             "applied in order, each splitting the pieces the previous one left. refimpl reads every name below, "
-             "with llama.cpp's ids: on llama.cpp's own test vectors where it ships them, and on llama.cpp "
-             "tokenizing the same texts for every name (`tests/test_vocab_vectors.py`). \"clean spaces\": decode "
-             "contracts \" ?\" \" !\" \" .\" and the like; \"ignore merges\": a piece that is a whole vocabulary "
-             "entry is taken as is; \"BOS\": added by default when `tokenizer.ggml.add_bos_token` is absent. "
-             "Names llama.cpp knows that refimpl does not read yet are listed in `refimpl/tokenizers/llama.py`.", ""]
+    lines = ["# Tokenizers", "",
+             "`refimpl.tokenizer.from_gguf(path)` builds the tokenizer of a GGUF file from its metadata alone and "
+             "gives llama.cpp's ids (llama-vocab.cpp of llama-cpp-python 0.3.36). Tokenizer models "
+             "(`tokenizer.ggml.model`): \"gpt2\" (byte-level BPE, with every pre-tokenizer below), \"llama\" "
+             "(SentencePiece BPE), \"gemma4\" (BPE over raw UTF-8), \"t5\" (UGM: SentencePiece's unigram model "
+             "with its precompiled normalizer), \"bert\" (WordPiece) and \"rwkv\" (RWKV World). llama.cpp's "
+             "\"plamo2\", \"hybriddna\" and \"whitespace\" models are refused by name.", "",
+             "## llama.cpp's vocabularies", "",
+             "Every vocab-only GGUF llama.cpp ships, in CI (`tests/test_vocab_vectors.py`). With test vectors "
+             "(`.inp` / `.out`, encoded as test-tokenizer-0 does: add_special=False, parse_special=False), and each "
+             "line of ids decoded against llama_detokenize's text:", "",
+             "| vocabulary | model | cases | ids identical | decoded identical |", "|---|---|---|---|---|"]
+    lines += [f"| {v} | {m} | {n} | {n} | {n} |" for v, m, n in VOCABULARIES]
+    lines += ["", "Without test vectors: llama.cpp itself tokenizing qwen35's inputs (a golden file "
+              "`scripts/gen_pretokenizer_golden.py` regenerates), plain, with special-token parsing on those and on "
+              "texts around the vocabulary's control and mask tokens, and those ids decoded:", "",
+              "| vocabulary | model | plain, identical | special parsing, identical | decoded identical |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {v} | {m} | {p} of {p} | {s_} of {s_} | {s_} of {s_} |" for v, m, p, s_ in NO_VECTORS]
+    lines += ["", "## Pre-tokenizers", "",
+              "A BPE vocabulary (`tokenizer.ggml.model` \"gpt2\") names its pre-tokenizer in `tokenizer.ggml.pre`: "
+              "the regexes llama.cpp splits the text with before BPE, applied in order, each splitting the pieces "
+              "the previous one left. refimpl reads every name llama.cpp 0.3.36 accepts, each with llama.cpp's ids "
+              "on the same texts (GPT-2's vocabulary with the name set; the golden file above). Where llama.cpp "
+              "splits with hand-written code (\"kimi-k2\", \"afmoe\") the regex shown is the one that code "
+              "implements. \"clean spaces\": decode contracts \" ?\" \" !\" \" .\" and the like; \"ignore "
+              "merges\": a piece that is a whole vocabulary entry is taken as is; \"BOS\": added by default when "
+              "`tokenizer.ggml.add_bos_token` is absent; \"no default BOS\": no BOS id unless the GGUF names one; "
+              "\"raw UTF-8\": BPE over the text's own bytes (no GPT-2 byte alphabet), byte tokens `<0xXX>` for "
+              "what no token covers; \"U+2581\": spaces escaped first; \"line breaks whole\": a run of line "
+              "breaks that is a token is taken as one. llama.cpp aborts on \"whitespace\" when a run of "
+              "whitespace holds a space (GGML_ASSERT in find_bpe_rank); refimpl raises ValueError there.", ""]
     for pre, names in groups.items():
         flags = [f for f, on in (("clean spaces", pre.clean_spaces), ("ignore merges", pre.ignore_merges),
-                                 ("BOS", pre.add_bos)) if on]
-        lines += [f"## {', '.join(names)}", "", f"{'; '.join(flags) or 'no flags'}", "", "```text"]
+                                 ("BOS", pre.add_bos), ("no default BOS", pre.no_bos),
+                                 ("raw UTF-8", not pre.byte_encode), ("U+2581", pre.escape),
+                                 ("line breaks whole", pre.newline_tokens)) if on]
+        lines += [f"### {', '.join(names)}", "", f"{'; '.join(flags) or 'no flags'}", "", "```text"]
         lines += [r.replace("\r", "\\r").replace("\n", "\\n") for r in pre.regexes]
         lines += ["```", ""]
     return "\n".join(lines)

@@ -8,8 +8,9 @@ scripts/build_llamacpp.sh downloads) with `tokenizer.ggml.pre` set to the name, 
 ggml-vocab-qwen35.gguf.inp. The vocabularies of models/ without `.inp`/`.out` (aquila, baichuan, gpt-neox and
 nomic-bert-moe, a UGM model) get llama.cpp's ids on the same inputs, plain and with special-token parsing
 (add_special=True, parse_special=True) on inputs that also hold the vocabulary's own control tokens and mask
-token, and llama_detokenize's text (hex) of the latter ids. Each runs in its own process: llama.cpp aborts on
-a name it does not know.
+token, and llama_detokenize's text (hex) of the latter ids; and, for the vocabularies with vectors,
+llama_detokenize's text of each line of ids in `.out`. Each runs in its own process: llama.cpp aborts on
+a name it does not know, and its "whitespace" pre-tokenizer aborts on some inputs (those get null).
 
     .venv/bin/python scripts/gen_pretokenizer_golden.py
 """
@@ -36,6 +37,7 @@ def sdist() -> Path:
 
 
 NO_VECTORS = ("aquila", "baichuan", "gpt-neox", "nomic-bert-moe")
+ABORTS = ("whitespace",)          # llama.cpp aborts on some inputs: tokenized one text per process
 
 
 def detokenize(llm, ids: list[int]) -> bytes:
@@ -57,6 +59,34 @@ def child(path: str, special: bool) -> None:
     llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
     ids = [llm.tokenize(t.encode("utf-8"), add_bos=special, special=special) for t in texts]
     print(json.dumps([ids, [detokenize(llm, i).hex() for i in ids]]))
+
+
+def detok_child(path: str) -> None:
+    import llama_cpp
+    ids = json.loads(sys.stdin.read())
+    llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    print(json.dumps([detokenize(llm, i).hex() for i in ids]))
+
+
+def run_detok(path: Path, ids: list[list[int]]) -> list[str]:
+    r = subprocess.run([sys.executable, __file__, "--detok", str(path)], input=json.dumps(ids),
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"llama.cpp failed on {path.name}: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_each(path: Path, texts: list[str]) -> list:
+    """One process per text: None where llama.cpp aborts (its "whitespace" pre-tokenizer hits
+    GGML_ASSERT in find_bpe_rank on a run of whitespace holding a space)."""
+    out = []
+    for t in texts:
+        r = subprocess.run([sys.executable, __file__, "--child", str(path), "0"], input=json.dumps([t]),
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0 and "GGML_ASSERT" not in r.stderr:
+            raise SystemExit(f"llama.cpp failed on {path.name}: {r.stderr[-2000:]}")
+        out.append(json.loads(r.stdout.strip().splitlines()[-1])[0][0] if r.returncode == 0 else None)
+    return out
 
 
 def run(path: Path, texts: list[str], special: bool = False, decode: bool = False) -> list:
@@ -93,8 +123,8 @@ def main() -> None:
         for name in sorted(PRE_TOKENIZERS):
             p = Path(tmp) / f"{name}.gguf"
             gguf.save(p, dict(meta, **{"tokenizer.ggml.pre": name}), {})
-            ids[name] = run(p, texts)
-            print(f"{name}: {sum(map(len, ids[name]))} ids", flush=True)
+            ids[name] = run_each(p, texts) if name in ABORTS else run(p, texts)
+            print(f"{name}: {sum(len(i) for i in ids[name] if i is not None)} ids", flush=True)
         vocabs = {}
         for name in NO_VECTORS:
             p = Path(tmp) / f"ggml-vocab-{name}.gguf"
@@ -103,6 +133,15 @@ def main() -> None:
             special, decoded = run(p, texts + st, True, decode=True)
             vocabs[name] = {"plain": run(p, texts), "special_texts": st, "special": special, "decode": decoded}
             print(f"vocabulary {name}: done", flush=True)
+        decoded = {}
+        for inp in sorted(n for n in tf.getnames() if n.startswith(MODELS) and n.endswith(".gguf.inp")):
+            name = inp[len(MODELS + "ggml-vocab-"):-len(".gguf.inp")]
+            p = Path(tmp) / f"ggml-vocab-{name}.gguf"
+            p.write_bytes(tf.extractfile(inp[:-4]).read())
+            out = tf.extractfile(inp[:-4] + ".out").read().decode("utf-8").split("\n")
+            n = len(tf.extractfile(inp).read().decode("utf-8").split(SEP))
+            decoded[name] = run_detok(p, [[int(x) for x in line.split()] for line in out[:n]])
+            print(f"decoded {name}", flush=True)
     head = {"source": f"llama.cpp of llama-cpp-python {llama_cpp.__version__}: Llama(vocab_only=True).tokenize("
                       f"text, add_bos=False, special=False) on ggml-vocab-gpt-2.gguf with tokenizer.ggml.pre set",
             "system_info": llama_cpp.llama_print_system_info().decode(), "texts": texts}
@@ -113,6 +152,9 @@ def main() -> None:
     compact = dict(ensure_ascii=False, separators=(",", ":"))
     lines += [f"{json.dumps(n)}: {json.dumps(v, **compact)}," for n, v in vocabs.items()]
     lines[-1] = lines[-1].rstrip(",")
+    lines += ['}, "decoded": {']
+    lines += [f"{json.dumps(n)}: {json.dumps(v, **compact)}," for n, v in decoded.items()]
+    lines[-1] = lines[-1].rstrip(",")
     OUT.write_text("\n".join(lines) + "\n}}\n", encoding="utf-8")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
 
@@ -120,5 +162,7 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2], sys.argv[3] == "1")
+    elif sys.argv[1:2] == ["--detok"]:
+        detok_child(sys.argv[2])
     else:
         main()

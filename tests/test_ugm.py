@@ -79,3 +79,14 @@ def test_a_t5_vocabulary_gets_llama_cpps_defaults():
     tok = tokenizer.from_gguf(dict(kv, **{"tokenizer.ggml.add_space_prefix": True}))
     assert tok.encode("ab</s>", add_special=False, parse_special=True) == [3, 5, 1]
     assert tok.decode([3, 5, 1]) == "ab</s>"
+
+
+def test_a_malformed_charsmap_is_an_error_of_the_file(tmp_path):
+    from refimpl import gguf
+    from refimpl.errors import TokenizerError
+    p = tmp_path / "bad-ugm.gguf"
+    gguf.save(p, {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": TOKENS, "tokenizer.ggml.token_type": TYPES,
+                  "tokenizer.ggml.scores": SCORES,
+                  "tokenizer.ggml.precompiled_charsmap": list((100).to_bytes(4, "little") + bytes(8))}, {})
+    with pytest.raises(TokenizerError, match="bad-ugm.gguf.*precompiled_charsmap says its array has 100 bytes"):
+        tokenizer.from_gguf(p)

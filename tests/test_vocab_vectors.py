@@ -7,7 +7,8 @@
    `gemma4`) included.
 2. Most pre-tokenizer names have no such vocabulary: tests/golden_data/pre_tokenizers.json holds llama.cpp's
    ids for each (GPT-2's vocabulary with `tokenizer.ggml.pre` set to the name, llama.cpp tokenizing
-   qwen35's test inputs; scripts/gen_pretokenizer_golden.py regenerates it); refimpl must give the same.
+   qwen35's test inputs; scripts/gen_pretokenizer_golden.py regenerates it); refimpl must give the same, and
+   a clear error where llama.cpp aborts (its "whitespace" pre-tokenizer on runs of whitespace with a space).
 3. The vocabularies without vectors (aquila, baichuan, gpt-neox, and nomic-bert-moe, a T5-style unigram model
    read by refimpl.tokenizers.ugm): llama.cpp's ids from the same golden file, plain and with special-token
    parsing, and llama_detokenize's text of the latter ids.
@@ -72,6 +73,25 @@ def test_llama_cpp_test_vectors(vocabs, name):
     assert not bad, f"{name}: {len(bad)} of {len(texts)} inputs differ:\n" + "\n".join(bad[:5])
 
 
+@pytest.mark.parametrize("name", WITH_VECTORS)
+def test_llama_cpp_test_vectors_decode_as_llama_cpp_does(vocabs, golden, name):
+    """Each line of ids in `.out`, decoded: the text llama_detokenize gives (remove_special=False,
+    unparse_special=True; the golden file), byte for byte. WordPiece's `decode` is Hugging Face's; its
+    `detokenize` is llama.cpp's."""
+    path = vocabs / f"ggml-vocab-{name}.gguf"
+    lines = (vocabs / f"{path.name}.out").read_text(encoding="utf-8").split("\n")
+    want = golden["decoded"][name]
+    assert len(want) >= 40
+    tok = tokenizer.from_gguf(path)
+    bad = []
+    for line, text in zip(lines, want):
+        ids = [int(x) for x in line.split()]
+        got = (tok.detokenize if name == "bert-bge" else tok.decode)(ids, special=True).encode("utf-8")
+        if got != bytes.fromhex(text):
+            bad.append(f"{ids[:8]}: refimpl {got[:40]!r}, llama.cpp {bytes.fromhex(text)[:40]!r}")
+    assert not bad, f"{name}: {len(bad)} of {len(want)} decodings differ:\n" + "\n".join(bad[:5])
+
+
 @pytest.fixture(scope="module")
 def golden():
     return json.loads(GOLDEN.read_text(encoding="utf-8"))
@@ -91,10 +111,15 @@ def test_every_pre_tokenizer_gives_llama_cpps_ids(golden, gpt2_metadata, name):
     tok = Tokenizer(dict(gpt2_metadata, **{"tokenizer.ggml.pre": name}))
     bad = []
     for text, want in zip(golden["texts"], golden["ids"][name]):
+        if want is None:          # llama.cpp aborts on this text ("whitespace" on a run of spaces): a clear error
+            with pytest.raises(ValueError, match="llama.cpp aborts"):
+                tok.encode(text, add_special=False, parse_special=False)
+            continue
         got = tok.encode(text, add_special=False, parse_special=False)
         if got != want:
             bad.append(f"{text[:40]!r}: refimpl {got[:16]}, llama.cpp {want[:16]}")
     assert not bad, f"{name}: {len(bad)} of {len(golden['texts'])} inputs differ:\n" + "\n".join(bad[:5])
+    assert sum(w is not None for w in golden["ids"][name]) >= 20
 
 
 @pytest.mark.parametrize("name", ["aquila", "baichuan", "gpt-neox", "nomic-bert-moe"])
@@ -121,3 +146,18 @@ def test_vocabularies_without_vectors_give_llama_cpps_ids(golden, vocabs, name):
         if got != bytes.fromhex(want):
             bad.append(f"decode {ids[:8]}: refimpl {got[:40]!r}, llama.cpp {bytes.fromhex(want)[:40]!r}")
     assert not bad, f"{name}: {len(bad)} inputs differ:\n" + "\n".join(bad[:5])
+
+
+def test_the_docs_table_lists_what_these_tests_check(vocabs, golden):
+    """docs/tokenizers.md's table (docs/gen_ops_reference.py) names every vocabulary with its case counts."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gen_ops_reference", Path(__file__).parents[1] / "docs" /
+                                                  "gen_ops_reference.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    cases = {n: len((vocabs / f"ggml-vocab-{n}.gguf.inp").read_text(encoding="utf-8").split(SEP))
+             for n in WITH_VECTORS}
+    assert {v: n for v, _, n in gen.VOCABULARIES} == cases
+    g = golden["vocabularies"]
+    assert {v: (p, s) for v, _, p, s in gen.NO_VECTORS} == {
+        n: (len(golden["texts"]), len(golden["texts"]) + len(g[n]["special_texts"])) for n in g}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import operator
+import re
 
 EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
               "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
@@ -40,3 +41,11 @@ def token_index(token_id, n_vocab: int) -> int:
     if not 0 <= i < n_vocab:
         raise ValueError(f"token id {i} out of range [0, {n_vocab})")
     return i
+
+
+def clean_spaces(data: bytes) -> bytes:
+    """llama_detokenize's `clean_spaces` passes: " ?" " !" " ." " ," lose their space, " ' " becomes "'", and
+    " 's" " 'm" " 're" " 've" lose their space (" 't" " 'd" " 'll" keep it)."""
+    data = re.sub(rb" ([?!.,])", rb"\1", data)
+    data = re.sub(rb" ' ", rb"'", data)
+    return re.sub(rb" '(?=s|m|re|ve)", rb"'", data)

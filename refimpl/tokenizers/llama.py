@@ -38,10 +38,12 @@ What is reproduced from llama.cpp's `llama-vocab.cpp` (`llama_tokenize`, `llama_
     "deepseek-r1-qwen", "megrez", ...) and the rest of llama.cpp's plain-regex names, whose regexes are
     in pretok_regexes.py ("deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon", "qwen35", "tekken",
     "gpt-4o", "llama4", "bloom", "chameleon", ...): `PRE_TOKENIZERS` lists them all, each checked against
-    llama.cpp (tests/test_vocab_vectors.py). Not yet: llama.cpp's hand-written splitters ("kimi-k2",
-    "afmoe"), a zero-width split ("superbpe"), names that change the special tokens ("chatglm-bpe", "glm4",
-    "glm5", "jina-v1-en", "jina-v2-code", "roberta-bpe") and the SPM-style BPE without GPT-2's byte
-    alphabet ("gemma4", "sarvam-moe", "whitespace", "granite-embed-multi-311m"); these raise ValueError.
+    llama.cpp (tests/test_vocab_vectors.py), and the ones written differently there: the regexes that
+    llama.cpp's hand-written splitters implement ("kimi-k2", "afmoe"), a zero-width split ("superbpe"),
+    "chatglm-bpe", "glm4", "glm5" (no default BOS), "jina-v1-en", "jina-v2-code", "roberta-bpe" (GPT-2's
+    regex; llama.cpp marks them add_sep, which only its embedding tools read), "whitespace" (BPE over raw
+    UTF-8 split at whitespace) and the SPM-style BPE of "gemma4", "granite-embed-multi-311m" and
+    "sarvam-moe" (below). docs/tokenizers.md lists every name with its regexes.
 
 `tokenizer.ggml.model == "gemma4"`: Gemma 4's BPE over raw UTF-8, as llama.cpp runs it. Spaces become U+2581
     first; the text is split only into runs of line breaks and the text between them; a run of line breaks
@@ -95,7 +97,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .base import EOG_TEXTS, EOT_TEXTS, StreamDecoder, token_index  # noqa: F401
+from .base import EOG_TEXTS, EOT_TEXTS, StreamDecoder, clean_spaces, token_index  # noqa: F401
 from .pretok_regexes import REGEXES
 from .ugm import UGM
 
@@ -117,6 +119,7 @@ _LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{
 _QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+_NEWLINES = "[^\n]+|[\n]+"
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,10 @@ class _Pre:
     clean_spaces: bool = True
     ignore_merges: bool = False    # a piece that is a whole vocabulary entry is taken as is
     add_bos: bool = False          # default when tokenizer.ggml.add_bos_token is absent
+    no_bos: bool = False           # no default BOS id (tokenizer.ggml.bos_token_id still names one)
+    byte_encode: bool = True       # GPT-2's byte alphabet; False: BPE over raw UTF-8, byte tokens <0xXX>
+    escape: bool = False           # spaces become U+2581 before the split (and back when decoding)
+    newline_tokens: bool = False   # a run of line breaks that is a token is taken whole (gemma4)
 
 
 def _family(names: str, pre: _Pre) -> dict:
@@ -134,7 +141,7 @@ def _family(names: str, pre: _Pre) -> dict:
 PRE_TOKENIZERS: dict[str, _Pre] = {
     "default": _Pre(_DEFAULT),
     **_family("gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert "
-              "exaone4 mpt olmo jais", _Pre((_GPT2,))),
+              "exaone4 mpt olmo jais jina-v1-en jina-v2-code roberta-bpe", _Pre((_GPT2,))),
     **_family("starcoder refact codeshell exaone minerva-7b mellum2", _Pre((r"\p{N}", _GPT2))),
     **_family("smollm command-r", _Pre((r"\p{N}", _GPT2), clean_spaces=False)),
     **_family("llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
@@ -143,6 +150,10 @@ PRE_TOKENIZERS: dict[str, _Pre] = {
     **_family("stablelm2 megrez", _Pre((_QWEN2,))),
     **_family("qwen2 deepseek-r1-qwen kormo f2llmv2 hunyuan solar-open", _Pre((_QWEN2,), clean_spaces=False)),
     **_family("trillion granite-docling", _Pre((_GPT2,), clean_spaces=False)),
+    # SPM-style BPE over raw UTF-8: spaces escaped to U+2581, the text split only at line breaks
+    **_family("gemma4 granite-embed-multi-311m", _Pre((_NEWLINES,), byte_encode=False, escape=True,
+                                                      newline_tokens=True)),
+    "sarvam-moe": _Pre((_NEWLINES,), clean_spaces=False, byte_encode=False, escape=True),
 }
 # the rest of llama.cpp's names (llama-vocab.cpp's load): (names, its pre-tokenizer type, clean_spaces,
 # ignore_merges, add_bos), the regexes of that type from pretok_regexes.py
@@ -169,9 +180,16 @@ for _names, _type, _clean, _ignore, _bos in (
         ("grok-2", "QWEN2", False, False, False),
         ("laguna", "LAGUNA", False, False, False),
         ("exaone-moe", "EXAONE_MOE", True, False, False),
-        ("minicpm5", "MINICPM5", True, True, False)):
+        ("minicpm5", "MINICPM5", True, True, False),
+        ("superbpe", "SUPERBPE", False, False, False),
+        ("kimi-k2", "KIMI_K2", False, False, False),
+        ("afmoe", "AFMOE", False, False, False)):
     _rx = (_QWEN2,) if _type == "QWEN2" else REGEXES[_type]
     PRE_TOKENIZERS.update(_family(_names, _Pre(_rx, clean_spaces=_clean, ignore_merges=_ignore, add_bos=_bos)))
+PRE_TOKENIZERS.update(
+    {"chatglm-bpe": _Pre(REGEXES["CHATGLM4"], no_bos=True),
+     **_family("glm4 glm5", _Pre(REGEXES["CHATGLM4"], ignore_merges=True, no_bos=True)),
+     "whitespace": _Pre(REGEXES["WHITESPACE"], byte_encode=False)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +245,18 @@ def _strip_attributes(kv: dict, token_to_id: dict, special_ids: list[int]) -> tu
     return frozenset(lstrip), frozenset(rstrip)
 
 
+def _check_whitespace_runs(texts: list[str]) -> None:
+    """llama.cpp's "whitespace" pre-tokenizer keeps the whitespace between words as pieces of raw UTF-8,
+    and a piece of two or more characters holding a space stops it (GGML_ASSERT in find_bpe_rank: a BPE
+    pair may not contain a space). refimpl refuses the same inputs rather than invent ids for them."""
+    for t in texts:
+        for m in re.finditer(r"[^\S]{2,}", t):
+            if " " in m.group():
+                raise ValueError(f"pre-tokenizer 'whitespace': the run of whitespace {m.group()!r} at character "
+                                 f"{m.start()} holds a space, on which llama.cpp aborts (GGML_ASSERT in "
+                                 f"find_bpe_rank); it has no ids for this text")
+
+
 class Tokenizer:
     """A GGUF vocabulary with llama.cpp's encode / decode. Build it with `from_gguf`.
 
@@ -256,13 +286,15 @@ class Tokenizer:
                                           f"{sorted(PRE_TOKENIZERS)}")
             self._pre = PRE_TOKENIZERS[self.pre]
             self.merges = list(kv.get("tokenizer.ggml.merges", []))
-            defaults = dict(bos=11, eos=11, unk=None, add_bos=self._pre.add_bos, space_prefix=False)
+            defaults = dict(bos=None if self._pre.no_bos else 11, eos=11, unk=None, add_bos=self._pre.add_bos,
+                            space_prefix=False)
             self._clean_spaces = self._pre.clean_spaces
         elif self.model == "gemma4":
             # BPE over raw UTF-8 (no GPT-2 byte alphabet): spaces escaped to U+2581 first, the text split only
-            # at line breaks, byte tokens <0xXX> for what no merge reaches (llama.cpp's "gemma4" tokenizer)
+            # at line breaks, byte tokens <0xXX> for what no merge reaches (llama.cpp's "gemma4" tokenizer,
+            # whose pre-tokenizer is "gemma4" whatever the GGUF says)
             self.pre = "gemma4"
-            self._pre = _Pre(("[^\n]+|[\n]+",))
+            self._pre = PRE_TOKENIZERS["gemma4"]
             self.merges = list(kv.get("tokenizer.ggml.merges", []))
             defaults = dict(bos=None, eos=None, unk=None, add_bos=False, space_prefix=False)
             self._clean_spaces = True
@@ -331,6 +363,7 @@ class Tokenizer:
             cm = kv.get("tokenizer.ggml.precompiled_charsmap")
             self._charsmap = bytes(x & 0xFF for x in cm) if cm is not None else None      # int8 or uint8
             self.remove_extra_whitespaces = bool(kv.get("tokenizer.ggml.remove_extra_whitespaces", False))
+            self._ugm_model()             # built now, so that a malformed charsmap is an error of the file
 
     def _force_control(self, i: int) -> None:
         if self.token_type[i] not in (TokenType.CONTROL, TokenType.UNUSED):
@@ -350,11 +383,13 @@ class Tokenizer:
         """
         frags = self._partition(text, parse_special)
         out = [self.bos_id] if add_special and self.add_bos and self.bos_id is not None else []
-        if self.model == "gemma4":
+        if self.model in ("gpt2", "gemma4") and self._pre.newline_tokens:
             for f in frags:
                 out.extend(self._gemma4_encode(f) if isinstance(f, str) else [f])
-        elif self.model == "gpt2":
-            raw = [f for f in frags if isinstance(f, str)]
+        elif self.model in ("gpt2", "gemma4"):
+            raw = [f.replace(" ", "\u2581") if self._pre.escape else f for f in frags if isinstance(f, str)]
+            if self.pre == "whitespace":
+                _check_whitespace_runs(raw)
             enc = iter(self._bpe_encode_batch(raw)) if raw else iter(())
             for f in frags:
                 if isinstance(f, str):
@@ -430,7 +465,8 @@ class Tokenizer:
     def _bpe_encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._bpe is None:
             self._bpe = self._build_bpe()
-        return [e.ids for e in self._bpe.encode_batch(texts, add_special_tokens=False)]
+        n = self.n_vocab
+        return [[i for i in e.ids if i < n] for e in self._bpe.encode_batch(texts, add_special_tokens=False)]
 
     def _build_bpe(self):
         try:
@@ -447,14 +483,19 @@ class Tokenizer:
         # Hugging Face refuses merges whose parts or result are not tokens; llama.cpp could only use
         # such a merge as an intermediate step that byte fallback then undoes. Dropped here.
         merges = [(a, b) for a, b in merges if a in known and b in known and a + b in known]
-        raw_utf8 = self.model == "gemma4"           # words arrive split; byte tokens <0xXX> as the fallback
+        raw_utf8 = not self._pre.byte_encode        # byte tokens <0xXX> as the fallback (dropped if absent)
+        if raw_utf8:
+            # a character that is no token stays in its word as a symbol no merge joins, and at the end each
+            # of its bytes is <0xXX> or nothing (llama.cpp); Hugging Face would drop it before merging, so the
+            # missing byte tokens get ids past the vocabulary, which encode then drops
+            vocab.update({f"<0x{b:02X}>": self.n_vocab + b for b in range(256) if f"<0x{b:02X}>" not in known})
         model = models.BPE(vocab=vocab, merges=merges, ignore_merges=self._pre.ignore_merges, fuse_unk=False,
                            byte_fallback=raw_utf8)
         tok = HFTokenizer(model)
-        if not raw_utf8:
+        if not self._pre.newline_tokens:            # (those arrive split, by _gemma4_encode)
             tok.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self._pre.regexes]
-                + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+                + ([] if raw_utf8 else [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
         return tok
 
     def _spm_encode(self, text: str) -> list[int]:
@@ -535,7 +576,7 @@ class Tokenizer:
             return bytes([CHAR_TO_BYTE[text]]) if text in CHAR_TO_BYTE else raw
         if t != TokenType.NORMAL:
             return b""                                    # UNUSED, UNDEFINED: llama.cpp emits nothing
-        if self.model in ("llama", "gemma4", "t5"):
+        if self.model in ("llama", "t5") or (self._pre is not None and self._pre.escape):
             return raw.replace("\u2581".encode(), b" ")
         return bytes(CHAR_TO_BYTE[c] for c in text) if all(c in CHAR_TO_BYTE for c in text) else raw
 
@@ -546,9 +587,7 @@ class Tokenizer:
             pieces[0] = pieces[0][1:]
         data = b"".join(pieces)
         if self._clean_spaces:
-            data = re.sub(rb" ([?!.,])", rb"\1", data)
-            data = re.sub(rb" ' ", rb"'", data)
-            data = re.sub(rb" '(?=s|m|re|ve)", rb"'", data)
+            data = clean_spaces(data)
         return data.decode("utf-8", errors="replace")
 
     def stream(self, special: bool = True) -> "StreamDecoder":

@@ -98,4 +98,27 @@ REGEXES: dict[str, tuple[str, ...]] = {
         '\\p{N}{1,3}',
         "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     ),
+    'CHATGLM4': (
+        "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    'SUPERBPE': (
+        '\\p{N}+',
+        # llama.cpp's "(?=(\d{3})+(?!\d))" runs in std::wregex (ASCII digits): a split before each position
+        # from which a multiple of three ASCII digits runs to the piece's end
+        '(?=(?:[0-9]{3})+(?![0-9]))',
+    ),
+    'AFMOE': (
+        # llama.cpp's hand-written "\p{AFMoE_digits}": each run of digits in groups of three from the right,
+        # the text before the run joined to its first group (the other pieces split it off again)
+        '\\P{N}*\\p{N}{1,3}(?=(?:\\p{N}{3})*(?!\\p{N}))',
+        '[一-鿿㐀-䶿豈-\ufaff\u3040-ゟ゠-ヿ･-ﾟ⼀-\u2fdfเ-\u0e7f\u0e80-\u0effក-\u17ffက-႟ꩠ-ꩿꧠ-\ua9ff가-\ud7afᄀ-ᇿ]+',
+        '[!"#$%&\'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+',
+    ),
+    'KIMI_K2': (
+        # the regex llama.cpp's hand-written Kimi-K2 splitter implements (its unicode.cpp quotes it)
+        "[\\p{Han}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    ),
+    'WHITESPACE': (
+        '\\S+',
+    ),
 }

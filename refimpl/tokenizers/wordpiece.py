@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import LoadError, TokenizerError, read_json
-from .base import token_index
+from .base import clean_spaces, token_index
 
 __all__ = ["WordPieceTokenizer", "from_hf_dir"]
 
@@ -589,6 +589,13 @@ class WordPieceTokenizer:
                 t = t.replace(a, b)
             out.append(t)
         return "".join(out)
+
+    def detokenize(self, ids: Iterable[int], special: bool = True) -> str:
+        """llama.cpp's `llama_detokenize(ids, remove_special=False, unparse_special=special)`: the pieces
+        (`token_to_piece`) joined as they are, a word's leading space included, then llama.cpp's
+        clean_spaces; invalid UTF-8 becomes U+FFFD. `decode` is Hugging Face's."""
+        data = b"".join(self.token_to_piece(i, special) for i in ids)
+        return clean_spaces(data).decode("utf-8", errors="replace")
 
     def stream(self, special: bool = True):
         """A decoder for generated ids (`refimpl.tokenizer.StreamDecoder` over `token_to_piece`)."""

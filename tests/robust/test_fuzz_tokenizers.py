@@ -158,7 +158,7 @@ TOLERATED = {   # id: (base, edits): accepted, as llama.cpp accepts them
 }
 
 REFUSED_BY_TOKENIZER = {   # id: (base, edits, message): valid metadata that refimpl.tokenizer cannot run
-    "model_unknown": ("bpe", {"tokenizer.ggml.model": "t5"}, "tokenizer model 't5' is not supported"),
+    "model_unknown": ("bpe", {"tokenizer.ggml.model": "plamo2"}, "tokenizer model 'plamo2' is not supported"),
     "pre_unknown": ("bpe", {"tokenizer.ggml.pre": "nonesuch"}, "pre-tokenizer 'nonesuch' is not supported"),
 }
 
