@@ -746,7 +746,7 @@ def geglu_quick(a, b=None, *, swapped: bool = False):
     return map_glu("geglu_quick", a, b, swapped, act)
 
 
-def _cap_clamp(x, g, limit):
+def cap_clamp(x, g, limit):
     """(std::min(x, limit), std::clamp(g, -limit, limit)) as ggml-cpu's clamped SwiGLUs take them (nan x stays)."""
     xc = np.where(f32(limit) < x, f32(limit), x)
     gc = np.where(g < f32(-limit), f32(-limit), np.where(f32(limit) < g, f32(limit), g))
@@ -756,7 +756,7 @@ def _cap_clamp(x, g, limit):
 @op("swiglu_oai", covers="GLU:SWIGLU_OAI")
 def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: bool = False):
     def act(x, g, t):
-        xc, gc = _cap_clamp(x, g, limit)
+        xc, gc = cap_clamp(x, g, limit)
         return xc / (f32(1) + _expf(f32(alpha) * -xc)) * (gc + f32(1))
     return map_glu("swiglu_oai", a, b, swapped, act, ("f32",))
 
@@ -765,7 +765,7 @@ _GLU_TYPES = "f32/f16/bf16 (bf16: ggml 0.25.3; f32 steps, rounded once)"
 @op("swiglu_clamp", covers="GLU:SWIGLU_CLAMP")
 def swiglu_clamp(a, b, limit: float, *, swapped: bool = False):
     def act(x, g, t):
-        xc, gc = _cap_clamp(x, g, limit)
+        xc, gc = cap_clamp(x, g, limit)
         return xc / (f32(1) + _expf(-xc)) * gc
     return map_glu("swiglu_clamp", a, b, swapped, act, ("f32", "f16"))
 

@@ -1,5 +1,5 @@
-"""numerics="ggml" for the ops around mul_mat: rms_norm, norm, soft_max_ext, rope_ext, silu, swiglu, rwkv_wkv7,
-tanh, exp, sigmoid.
+"""numerics="ggml" for the ops around mul_mat: rms_norm, norm, soft_max_ext, rope_ext, silu, swiglu, swiglu_oai,
+rwkv_wkv7, tanh, exp, sigmoid.
 
 Each function takes the op's arguments (its refimpl signature without `numerics`) and returns ggml-cpu's
 result on the portable AVX2 build bit for bit. Exact mode already matches ggml in everything but:
@@ -13,6 +13,7 @@ result on the portable AVX2 build bit for bit. Exact mode already matches ggml i
                   x0*cos - x1*sin as fma(x0, cos, -fl(x1*sin)), x0*sin + x1*cos as fma(x0, sin, fl(x1*cos)),
                   except NORMAL's odd last pair (unfused)
     silu, swiglu  vexp / vsilu on 8-lane chunks of each row, libm expf on the tail (f16: libm throughout)
+    swiglu_oai    the C library's expf on every element (a scalar loop)
     rwkv_wkv7     sa = Σ a·s and out = Σ s·r in the AVX2 kernel's 4 x 8 FMA lanes, reduced as ggml_vec_dot_f32
     tanh, exp,    the C library's tanhf / expf on every element (ggml-cpu's scalar loops: no SIMD form),
     sigmoid       sigmoid as 1.f/(1.f + expf(-x)); exact mode rounds the correctly rounded f64 function,
@@ -26,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dispatch import register
-from ...ops.elementwise import map_glu, map_unary, type_name
+from ...ops.elementwise import cap_clamp, map_glu, map_unary, type_name
 from ...ops.rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
 from ...shapes import ne4, tile_to
 from .simd import chunk_split, libm, vexp, vsilu
@@ -179,6 +180,15 @@ def swiglu(a, b=None, *, swapped: bool = False):
     return map_glu("swiglu", a, b, swapped, act)
 
 
+def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: bool = False):
+    """ggml_compute_forward_swiglu_oai_f32: x / (1.f + expf(alpha * (-x))) * (g + 1.f) on the capped and
+    clamped halves, f32 steps, expf the C library's (a scalar loop: no SIMD form)."""
+    def act(x, g, t):
+        xc, gc = cap_clamp(x, g, limit)
+        return xc / (f32(1) + libm("expf", f32(alpha) * -xc)) * (gc + f32(1))
+    return map_glu("swiglu_oai", a, b, swapped, act, ("f32",))
+
+
 # -- unary ops on the C library ----------------------------------------------------------------------------
 
 def tanh(a):
@@ -328,6 +338,7 @@ def rope_ext(x, pos, freq_factors=None, *, n_dims, mode=0, n_ctx_orig=0, freq_ba
 
 
 OPS = {"rms_norm": rms_norm, "norm": norm, "soft_max_ext": soft_max_ext, "rope_ext": rope_ext, "silu": silu,
-       "swiglu": swiglu, "tanh": tanh, "exp": exp, "sigmoid": sigmoid, "rwkv_wkv7": rwkv_wkv7}
+       "swiglu": swiglu, "swiglu_oai": swiglu_oai, "tanh": tanh, "exp": exp,
+       "sigmoid": sigmoid, "rwkv_wkv7": rwkv_wkv7}
 for _name, _fn in OPS.items():
     register(_name, numerics="ggml")(_fn)
