@@ -244,16 +244,18 @@ def _load_llama(args):
 
 
 def _decoder_for(f):
-    """The model module that runs a GGUF: refimpl.models.gemma3 for general.architecture "gemma3", else
-    refimpl.models.llama (which names the architectures it runs when it refuses one)."""
-    from .models import gemma3, llama
-    return gemma3 if f.metadata.get("general.architecture") in gemma3.ARCHS else llama
+    """The model module that runs a GGUF: refimpl.models.gemma3 for general.architecture "gemma3",
+    refimpl.models.gpt_oss for "gpt-oss", else refimpl.models.llama (which names the architectures it runs
+    when it refuses one)."""
+    from .models import gemma3, gpt_oss, llama
+    arch = f.metadata.get("general.architecture")
+    return gemma3 if arch in gemma3.ARCHS else gpt_oss if arch in gpt_oss.ARCHS else llama
 
 
 def _decoder(m):
     """The module of a loaded decoder model (its forward, generate, new_cache, format_chat)."""
-    from .models import gemma3, llama
-    return gemma3 if isinstance(m, gemma3.Gemma3Model) else llama
+    from .models import gemma3, gpt_oss, llama
+    return gemma3 if isinstance(m, gemma3.Gemma3Model) else gpt_oss if isinstance(m, gpt_oss.GptOssModel) else llama
 
 
 def _cmd_generate(args) -> int:

@@ -414,6 +414,15 @@ def _gemma3_family() -> Family:
     return Family("gemma3", gemma3.load, lambda m: m.layers[0].ffn_down, run, aliases=ALIASES)
 
 
+def _gpt_oss_family() -> Family:
+    from .models import gpt_oss
+
+    def run(model, tokens, capture, cache_dtype=None):
+        cache = gpt_oss.new_cache(model, max(len(tokens), 1), dtype=cache_dtype)
+        return gpt_oss.forward(model, tokens, cache, capture=capture)
+    return Family("gpt-oss", gpt_oss.load, lambda m: m.layers[0].ffn_down_exps, run, aliases=ALIASES)
+
+
 def _bert_family() -> Family:
     """BERT: llama.cpp runs it with embeddings on and the model's pooling (mean when the GGUF names none);
     the last row compares refimpl's pooled embedding (`bert.pool`, not normalized) with
@@ -466,6 +475,8 @@ def family(arch: str) -> Family:
         return _rwkv_family(arch)
     if arch == "gemma3":
         return _gemma3_family()
+    if arch == "gpt-oss":
+        return _gpt_oss_family()
     return _llama_family()
 
 
@@ -517,11 +528,14 @@ def run_refimpl(model, tokens, *, numerics: str = "exact", cache_dtype=None, fam
 def _family_of(model) -> Family:
     from .models.bert import BertModel
     from .models.gemma3 import Gemma3Model
+    from .models.gpt_oss import GptOssModel
     from .models.rwkv import RwkvModel
     if isinstance(model, BertModel):
         return _bert_family()
     if isinstance(model, Gemma3Model):
         return _gemma3_family()
+    if isinstance(model, GptOssModel):
+        return _gpt_oss_family()
     if isinstance(model, RwkvModel):
         return _rwkv_family(f"rwkv{model.version}")
     return _llama_family()
@@ -548,9 +562,10 @@ def compare(model_path, prompt=None, *, numerics: str = "exact", tokens=None, n_
 
     The model kind is the GGUF's general.architecture: bert (refimpl.models.bert; llama.cpp with embeddings
     on and the model's pooling), rwkv6 / rwkv7 (refimpl.models.rwkv, from a fresh state), anything else
-    refimpl.models.llama. The prompt is tokenized by refimpl (with the model's special tokens, as llama.cpp's
-    tokenizer does); both sides then run the same ids. cache_dtype: a Llama's KV cache type (default: f32 in
-    exact mode, f16 under numerics="ggml"; llama.cpp's cache is f16). max_budget overrides the table's budget."""
+    refimpl.models.llama (gemma3 and gpt-oss: their own modules). The prompt is tokenized by refimpl (with
+    the model's special tokens, as llama.cpp's tokenizer does); both sides then run the same ids.
+    cache_dtype: a Llama's KV cache type (default: f32 in exact mode, f16 under numerics="ggml"; llama.cpp's
+    cache is f16). max_budget overrides the table's budget."""
     fam = family(model_arch(model_path))
     model = fam.load(model_path)
     tokens = _tokens(model, model_path, prompt, tokens)

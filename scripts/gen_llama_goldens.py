@@ -1,7 +1,7 @@
 """Write llama.cpp's answers for the Llama work into tests/golden_data/ (tokens, logits, greedy text).
 
     python scripts/gen_llama_goldens.py [--model PATH] [--out tests/golden_data]
-                                        [--only tokens|logits|tiny|greedy64]
+                                        [--only tokens|logits|tiny|tiny-archs|tiny-gpt-oss|greedy64|gemma3]
 
 `--only tiny` needs no download: it writes llama_tiny.npz only (in about 3 s).
 
@@ -100,6 +100,10 @@ gemma3_270m.npz   `--only gemma3`: the real Gemma 3 270M Q4_K_M (`refimpl fetch 
 
 llama_tiny_archs.npz  `--only tiny-archs`: the same for TINY_ARCH_MODELS, llama.cpp architectures that
                  refimpl.models.llama runs besides llama (qwen3: Q/K norms), written by the same writer
+
+gpt_oss_tiny.npz  `--only tiny-gpt-oss`: the same for TINY_GPT_OSS_MODELS, tiny random gpt-oss GGUFs
+                 (tests/models/tiny.py's `write_tiny_gpt_oss`: attention sinks, biases, sliding-window
+                 layers, a router and MXFP4 or f32 experts), for refimpl.models.gpt_oss
 
 llama_tiny.npz   tiny random Llama GGUFs (tests/models/tiny.py's `write_tiny_llama`, fixed seeds), one per
                  entry of TINY_MODELS: GQA and MHA, tied and untied output, rope bases 1e4 .. 1e6, weights
@@ -603,9 +607,26 @@ TINY_ARCH_MODELS = {
 }
 
 
-def gen_tiny(out: str, log: LogCapture, models_in: dict | None = None, fname: str = "llama_tiny.npz") -> None:
+# gpt-oss (refimpl.models.gpt_oss): tests/models/tiny.py's write_tiny_gpt_oss; what each covers is in its name
+# (expert type, n_head x n_head_kv, experts used of all, sliding window); 32 tokens, so the window is crossed
+TINY_GPT_OSS_MODELS = {
+    "gptoss_mxfp4_gqa4x2_top2of4_swa8": dict(n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=24,
+                                            n_expert=4, n_expert_used=2, n_ff_exp=64, n_swa=8, rope_base=150000.0,
+                                            expert_type="mxfp4", seed=20),
+    "gptoss_mxfp4_mha4_top4of8_swa16_3layers": dict(n_vocab=128, n_embd=64, n_layer=3, n_head=4, n_head_kv=4,
+                                                    head_dim=16, n_expert=8, n_expert_used=4, n_ff_exp=32,
+                                                    n_swa=16, rope_base=10000.0, expert_type="mxfp4", seed=21),
+    "gptoss_f32_gqa4x1_top1of4_swa4": dict(n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=1, head_dim=32,
+                                          n_expert=4, n_expert_used=1, n_ff_exp=64, n_swa=4, rope_base=150000.0,
+                                          expert_type="f32", seed=22),
+}
+
+
+def gen_tiny(out: str, log: LogCapture, models_in: dict | None = None, fname: str = "llama_tiny.npz",
+             writer_name: str = "write_tiny_llama") -> None:
     import llama_cpp
-    from tests.models.tiny import write_tiny_llama
+    from tests.models import tiny
+    write_tiny_llama = getattr(tiny, writer_name)
 
     arrays, models, load_log, settings = {}, [], [], None
     with tempfile.TemporaryDirectory() as tmp:
@@ -630,9 +651,9 @@ def gen_tiny(out: str, log: LogCapture, models_in: dict | None = None, fname: st
             arrays[f"{name}_logits"] = logits
             models.append({"name": name, "writer_args": args, "gguf_sha256": sha256_file(p),
                            "gguf_bytes": os.path.getsize(p), "n_tokens": len(tokens)})
-    meta = {"about": "llama.cpp logits of tiny random Llama GGUFs (tests/models/tiny.py write_tiny_llama); see "
+    meta = {"about": f"llama.cpp logits of tiny random GGUFs (tests/models/tiny.py {writer_name}); see "
                      "scripts/gen_llama_goldens.py",
-            "build": build_info(llama_cpp), "settings": settings, "writer": "tests.models.tiny.write_tiny_llama",
+            "build": build_info(llama_cpp), "settings": settings, "writer": f"tests.models.tiny.{writer_name}",
             "tokens": f"numpy default_rng({TINY_TOKEN_SEED}).integers(0, n_vocab, {TINY_N_TOKENS}), "
                       f"token {TINY_N_TOKENS // 2} set to token 3",
             "path": "llama.cpp CPU backend (ggml-cpu AVX2/FMA/F16C, GGML_USE_LLAMAFILE sgemm compiled in), "
@@ -735,7 +756,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(model_path("smollm2")))
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--only", choices=("tokens", "logits", "tiny", "tiny-archs", "greedy64", "gemma3"))
+    ap.add_argument("--only", choices=("tokens", "logits", "tiny", "tiny-archs", "tiny-gpt-oss", "greedy64", "gemma3"))
     ap.add_argument("--gemma3", default=str(model_path("gemma3")), help="the Gemma 3 270M GGUF (refimpl fetch gemma3)")
     args = ap.parse_args()
     import llama_cpp
@@ -752,6 +773,8 @@ def main() -> int:
         gen_tiny(args.out, log)
     if args.only in (None, "tiny-archs"):
         gen_tiny(args.out, log, TINY_ARCH_MODELS, "llama_tiny_archs.npz")
+    if args.only in (None, "tiny-gpt-oss"):
+        gen_tiny(args.out, log, TINY_GPT_OSS_MODELS, "gpt_oss_tiny.npz", "write_tiny_gpt_oss")
     if args.only in (None, "greedy64"):
         gen_greedy64(args.model, args.out, log)
     if args.only in (None, "gemma3"):

@@ -173,11 +173,13 @@ def test_takes_sgemm_follows_ggml_cpu_conditions():
 
 # -- the op emulations the comparison located, against ggml-python -------------------------------------
 
-@pytest.mark.parametrize("op, n_drawn", [("tanh", 20), ("exp", 20), ("sigmoid", 20), ("rwkv_wkv7", 6)])
+@pytest.mark.parametrize("op, n_drawn", [("tanh", 20), ("exp", 20), ("sigmoid", 20), ("rwkv_wkv7", 6),
+                                         ("swiglu_oai", 20)])
 def test_new_emulations_match_ggml(ggml, op, n_drawn):
-    """ggml mode's tanh / exp / sigmoid (the C library's tanhf, expf) and rwkv_wkv7 (the AVX2 kernel's FMA
-    lanes) against live ggml: identical bits for f32 and f16 (bf16: the table's one-bf16-ulp bound, as exact
-    mode); exact mode misses ggml on some of these cases (tanhf and the wkv7 lane sums)."""
+    """ggml mode's tanh / exp / sigmoid / swiglu_oai (the C library's tanhf, expf) and rwkv_wkv7 (the AVX2
+    kernel's FMA lanes) against live ggml: identical bits for f32 and f16 (bf16: the table's one-bf16-ulp
+    bound, as exact mode); exact mode misses ggml on some of these cases (tanhf, swiglu_oai's expf and the
+    wkv7 lane sums)."""
     from refimpl.testing.golden import check_values
     cases = named_cases(op) + _drawn_cases(op, n_drawn, 0)
     exact_misses = 0
@@ -195,7 +197,7 @@ def test_new_emulations_match_ggml(ggml, op, n_drawn):
             _same_bits(exact, theirs)
         except AssertionError:
             exact_misses += 1
-    if op in ("tanh", "rwkv_wkv7"):
+    if op in ("tanh", "rwkv_wkv7", "swiglu_oai"):
         assert exact_misses > 0
 
 
@@ -212,3 +214,19 @@ def test_compare_knows_gemma3():
     from refimpl import compare
     fam = compare.family("gemma3")
     assert fam.name == "gemma3" and fam.load.__module__ == "refimpl.models.gemma3"
+
+
+def test_compare_gpt_oss_ggml_mode_identical(tmp_path, build_ok):
+    """A tiny random gpt-oss (MXFP4 experts, sinks, a sliding window shorter than the 20 tokens): every tensor
+    llama.cpp's graph names that refimpl.models.gpt_oss captures, and the logits, identical bits in ggml mode,
+    the experts' products included."""
+    from .models.tiny import write_tiny_gpt_oss
+    path = write_tiny_gpt_oss(tmp_path / "oss.gguf", n_swa=8, seed=5)
+    tokens = [int(t) for t in np.random.default_rng(5).integers(0, 96, 20)]
+    assert family(model_arch(path)).name == "gpt-oss"
+    rows = compare(path, tokens=tokens, numerics="ggml")
+    assert first_over(rows) is None, format_table(rows)
+    names = [r.name for r in rows]
+    for n in ("kq_soft_max-0", "ffn_moe_topk-1", "ffn_moe_swiglu_oai-1", "ffn_moe_down_biased-1", "l_out-1"):
+        assert n in names, n
+    assert max(r.nmse for r in rows) == 0.0, format_table(rows)

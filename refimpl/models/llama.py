@@ -84,7 +84,8 @@ class HParams:
                              f"{sorted(rope_modes)}")
         if not isinstance(arch, str) or arch not in rope_modes:
             raise ValueError(f"{where}: architecture {arch!r} is not a llama-family model refimpl runs "
-                             f"(known: {sorted(rope_modes)}; gemma3 through refimpl.models.gemma3)")
+                             f"(known: {sorted(rope_modes)}; gemma3 and gpt-oss through refimpl.models.gemma3 "
+                             f"and refimpl.models.gpt_oss)")
 
         g = getter(kv, f"{arch}.", where)
 
@@ -388,8 +389,9 @@ def n_kv_cells(n_used: int) -> int:
     return -(-n_used // KV_PAD) * KV_PAD
 
 
-def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
-    """q (T, n_head, head_dim), k, v (n_kv, n_head_kv, head_dim) -> (T, n_head*head_dim).
+def attention(q, k, v, mask, scale, cap, il, sinks=None) -> np.ndarray:
+    """q (T, n_head, head_dim), k, v (n_kv, n_head_kv, head_dim) -> (T, n_head*head_dim); sinks (n_head,)
+    f32 or None: per-head attention sinks (gpt-oss), one more logit in each softmax row's denominator.
 
     As llama.cpp without flash attention: kq = mul_mat(K, Q) per head (GQA: head h reads kv head
     h // (n_head/n_head_kv), mul_mat's block broadcast), softmax with scale and mask, then mul_mat(V^T, kq).
@@ -401,7 +403,7 @@ def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
     kh = permute(k, 0, 2, 1, 3)                                # (Hkv, n_kv, D)              llama.cpp's
     kq = mul_mat(kh, qh)                                       # (H, T, n_kv) ne [n_kv, T, H]
     cap(f"kq-{il}", kq)
-    kq = soft_max_ext(kq, mask, scale, 0.0)
+    kq = soft_max_ext(kq, mask, scale, 0.0, sinks)
     cap(f"kq_soft_max-{il}", kq)
     vt = cont(permute(v, 1, 2, 0, 3))                          # (Hkv, D, n_kv)
     kqv = mul_mat(vt, kq)                                      # (H, T, D)
