@@ -8,7 +8,9 @@ from typing import Callable
 
 import numpy as np
 
+from .. import gguf as _gguf
 from ..dispatch import state_copy, to_host  # noqa: F401  (for the models)
+from ..errors import LoadError
 from ..ops import add, mul, norm, set_rows
 
 
@@ -86,3 +88,16 @@ def check_alloc(nbytes: int, what: str) -> None:
     if nbytes > limit:
         raise ValueError(f"{what} needs {nbytes / 2**30:.1f} GiB, more than the {limit / 2**30:.1f} GiB limit "
                          f"(the machine's memory, or REFIMPL_MAX_MEMORY)")
+
+
+def load_checked(path, build: Callable, *args):
+    """build(f, *args) on the GGUFFile of `path` (a path or a loaded GGUFFile): every ValueError its checks
+    raise becomes a refimpl.LoadError naming the file (the checks name the key or tensor and the shapes)."""
+    f = path if isinstance(path, _gguf.GGUFFile) else _gguf.load(path)
+    try:
+        return build(f, *args)
+    except LoadError:
+        raise
+    except ValueError as e:
+        msg = str(e) if str(f.path) in str(e) else f"{f.path}: {e}"
+        raise LoadError(msg, f.path) from e

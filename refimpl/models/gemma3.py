@@ -45,12 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import gguf as _gguf
 from ..dispatch import forward_scope
-from ..errors import LoadError
 from ..ops import add, geglu, get_rows, ggml_numerics, mul, mul_mat, rms_norm, rope_ext, scale, tanh
 from . import llama
-from .common import capture_fn, constant, getter, to_host
+from .common import capture_fn, constant, getter, load_checked, to_host
 from .llama import (ROPE_NEOX, HParams, KVCache, attention, causal_mask, format_chat, n_kv_cells,  # noqa: F401
                     new_cache)
 
@@ -143,14 +141,7 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
     """Load a Gemma 3 GGUF: hyper-parameters from metadata, weights as memory-mapped views, every tensor's
     presence, shape and type checked first (a refimpl.LoadError naming the file, the key or tensor and both
     shape orders otherwise). dequantize_weights and progress as in refimpl.models.llama.load."""
-    f = path if isinstance(path, _gguf.GGUFFile) else _gguf.load(path)
-    try:
-        return _load(f, tokenizer, dequantize_weights, progress)
-    except LoadError:
-        raise
-    except ValueError as e:
-        msg = str(e) if str(f.path) in str(e) else f"{f.path}: {e}"
-        raise LoadError(msg, f.path) from e
+    return load_checked(path, _load, tokenizer, dequantize_weights, progress)
 
 
 def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> Gemma3Model:

@@ -45,14 +45,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import gguf as _gguf
 from ..dispatch import forward_scope
-from ..errors import LoadError
-from ..ops import (add, add_id, argsort_top_k, get_rows, ggml_numerics, mul, mul_mat, mul_mat_id, rms_norm,
-                   rope_ext, scale, soft_max_ext, swiglu_oai)
+from ..ops import (add, add_id, argsort_top_k, get_rows, ggml_numerics, mul, mul_mat, mul_mat_id, rope_ext, scale,
+                   soft_max_ext, swiglu_oai)
 from . import llama
-from .common import capture_fn, constant, getter, to_host
-from .gemma3 import swa_mask
+from .common import capture_fn, constant, getter, load_checked, to_host
+from .gemma3 import norm, swa_mask
 from .llama import (ROPE_NEOX, HParams, KVCache, attention, causal_mask, format_chat, n_kv_cells,  # noqa: F401
                     new_cache)
 
@@ -152,14 +150,7 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
     """Load a gpt-oss GGUF: hyper-parameters from metadata, weights as memory-mapped views, every tensor's
     presence, shape and type checked first (a refimpl.LoadError naming the file, the key or tensor and both
     shape orders otherwise). dequantize_weights and progress as in refimpl.models.llama.load."""
-    f = path if isinstance(path, _gguf.GGUFFile) else _gguf.load(path)
-    try:
-        return _load(f, tokenizer, dequantize_weights, progress)
-    except LoadError:
-        raise
-    except ValueError as e:
-        msg = str(e) if str(f.path) in str(e) else f"{f.path}: {e}"
-        raise LoadError(msg, f.path) from e
+    return load_checked(path, _load, tokenizer, dequantize_weights, progress)
 
 
 def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> GptOssModel:
@@ -203,11 +194,6 @@ def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> GptOssModel
             progress(i + 1, hp.n_layer + 1)
     output_norm, output, layers, tok = llama.finish_load(f, hp, emb, layers, tokenizer, dequantize_weights, progress)
     return GptOssModel(hp, op, emb, output_norm, output, layers, tok, f.metadata, str(path))
-
-
-def norm(x, w, eps: float):
-    """llama.cpp's build_norm(LLM_NORM_RMS): rms_norm over the rows (the last axis), times the weight."""
-    return mul(rms_norm(x, eps), w)
 
 
 def moe(h, w: Layer, op: GptOssParams, cap, il: int):

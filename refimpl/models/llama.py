@@ -33,8 +33,8 @@ from ..ops import (add, cast, concat, cont, get_rows, ggml_numerics, mul, mul_ma
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
-from ..errors import LoadError
-from .common import capture_fn, check_alloc, constant, getter, state_copy, to_host, write_rows  # noqa: F401
+from .common import (capture_fn, check_alloc, constant, getter, load_checked, state_copy, to_host,  # noqa: F401
+                     write_rows)
 
 A = Any  # np.ndarray or QTensor
 
@@ -212,14 +212,7 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
     (SmolLM2-135M: about 0.6 GB) instead of TILE_ROWS rows at a time in every mul_mat. Results are
     identical (dequantization is exact either way). progress(i, n) is called as layers are prepared.
     Every refusal is a refimpl.LoadError (GGUFError for the file itself)."""
-    f = path if isinstance(path, _gguf.GGUFFile) else _gguf.load(path)
-    try:
-        return _load(f, tokenizer, dequantize_weights, progress)
-    except LoadError:
-        raise
-    except ValueError as e:                       # the checks below name the file, key or tensor already
-        msg = str(e) if str(f.path) in str(e) else f"{f.path}: {e}"
-        raise LoadError(msg, f.path) from e
+    return load_checked(path, _load, tokenizer, dequantize_weights, progress)
 
 
 def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
