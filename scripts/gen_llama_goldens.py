@@ -619,6 +619,11 @@ TINY_GPT_OSS_MODELS = {
     "gptoss_f32_gqa4x1_top1of4_swa4": dict(n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=1, head_dim=32,
                                           n_expert=4, n_expert_used=1, n_ff_exp=64, n_swa=4, rope_base=150000.0,
                                           expert_type="f32", seed=22),
+    # RoPE scaling "yarn" with the released files' factor 32, over an original context shorter than the tokens
+    "gptoss_mxfp4_gqa4x2_top2of4_swa8_yarn32": dict(n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+                                                   head_dim=24, n_expert=4, n_expert_used=2, n_ff_exp=64, n_swa=8,
+                                                   rope_base=150000.0, expert_type="mxfp4", seed=23,
+                                                   yarn=(32.0, 16)),
 }
 
 

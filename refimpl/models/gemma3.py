@@ -206,7 +206,7 @@ def layer(x, w: Layer, model: Gemma3Model, cache: KVCache, il: int, pos: int, ma
     k = mul_mat(w.attn_k, cur).reshape(T, hp.n_head_kv, D)
     v = mul_mat(w.attn_v, cur).reshape(T, hp.n_head_kv, D)
     rope = lambda t: rope_ext(t, positions, None, n_dims=hp.n_rot, mode=hp.rope_mode,  # noqa: E731
-                              n_ctx_orig=hp.n_ctx_train, freq_base=base, freq_scale=fscale)
+                              freq_base=base, freq_scale=fscale, **hp.rope_args())
     q = norm(q, w.attn_q_norm, hp.rms_eps)
     cap(f"Qcur_normed-{il}", q)
     q = rope(q)

@@ -32,9 +32,9 @@ The graph, as llama.cpp 0.25.3 builds it:
 Sliding-window and global layers: layer il is a sliding-window layer unless il % pattern == pattern - 1
 (`attention.sliding_window_pattern`, default 2: the even layers; or a per-layer list), masked where
 pos - kv_pos >= `attention.sliding_window` (llama.cpp's LLAMA_SWA_TYPE_STANDARD), rotating with
-`rope.freq_base_swa` (default: `rope.freq_base`). The expert weights are usually MXFP4; any mul_mat type
-works. RoPE scaling "yarn" (the released gpt-oss files use it) is not supported yet: such files are refused
-by name when loaded.
+`rope.freq_base_swa` (default: `rope.freq_base`); both kinds take the file's RoPE scaling, "yarn" in the
+released gpt-oss files (factor 32 over 4096 positions: refimpl.models.llama.yarn_params). The expert weights
+are usually MXFP4; any mul_mat type works.
 """
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ def layer(x, w: Layer, model: GptOssModel, cache: KVCache, il: int, pos: int, ma
     k = add(mul_mat(w.attn_k, cur), w.attn_k_b).reshape(T, hp.n_head_kv, D)
     v = add(mul_mat(w.attn_v, cur), w.attn_v_b).reshape(T, hp.n_head_kv, D)
     rope = lambda t: rope_ext(t, positions, None, n_dims=hp.n_rot, mode=hp.rope_mode,  # noqa: E731
-                              n_ctx_orig=hp.n_ctx_train, freq_base=base, freq_scale=hp.rope_freq_scale)
+                              freq_base=base, freq_scale=hp.rope_freq_scale, **hp.rope_args())
     q, k = rope(q), rope(k)
     cap(f"Qcur-{il}", q)
     cap(f"Kcur-{il}", k)

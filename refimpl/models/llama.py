@@ -68,6 +68,11 @@ class HParams:
     rope_base: float
     rope_freq_scale: float
     rope_mode: int
+    n_ctx_orig: int = 0             # rope.scaling.original_context_length (YaRN's); 0: n_ctx_train
+    rope_ext_factor: float = 0.0    # YaRN (rope_ext's ext_factor ...): yarn_params
+    rope_attn_factor: float = 1.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
 
     @classmethod
     def from_gguf(cls, kv: dict, n_vocab: int, where="GGUF", rope_modes: dict | None = None) -> "HParams":
@@ -128,16 +133,40 @@ class HParams:
         if n_rot % 2 or n_rot > head_dim:
             raise ValueError(f"{where}: {arch}.rope.dimension_count is {n_rot}; expected an even number <= the "
                              f"head size {head_dim} (RoPE rotates pairs within a head)")
-        scaling = g("rope.scaling.type", "none")
-        if scaling not in ("none", "linear"):
-            raise ValueError(f"{where}: {arch}.rope.scaling.type {scaling!r} is not supported yet (only none/linear)")
+        scaling = g("rope.scaling.type", "linear")                     # llama.cpp's default
+        if scaling not in ("none", "linear", "yarn"):
+            raise ValueError(f"{where}: {arch}.rope.scaling.type {scaling!r} is not supported yet "
+                             f"(only none/linear/yarn)")
         factor = real("rope.scaling.factor", 1.0, lo=0.0) or 1.0      # 0 means "not set", as in llama.cpp
-        return cls(arch=arch, n_vocab=count("vocab_size", n_vocab), n_ctx_train=count("context_length", 0, lo=0),
+        freq_scale = float(np.float32(1) / np.float32(factor)) if scaling != "none" else 1.0
+        n_ctx_train = count("context_length", 0, lo=0)
+        yarn = yarn_params(freq_scale, real("rope.scaling.attn_factor", 1.0, above=0.0)) if scaling == "yarn" else {}
+        return cls(arch=arch, n_vocab=count("vocab_size", n_vocab), n_ctx_train=n_ctx_train,
                    n_embd=n_embd, n_layer=count("block_count"), n_head=n_head, n_head_kv=n_head_kv,
                    head_dim=head_dim, n_ff=int(n_ff), n_rot=n_rot,
                    rms_eps=real("attention.layer_norm_rms_epsilon", lo=0.0),
                    rope_base=real("rope.freq_base", 10000.0, above=0.0),
-                   rope_freq_scale=1.0 / factor if scaling == "linear" else 1.0, rope_mode=rope_modes[arch])
+                   rope_freq_scale=freq_scale, rope_mode=rope_modes[arch],
+                   n_ctx_orig=count("rope.scaling.original_context_length", n_ctx_train, lo=0), **yarn)
+
+    def rope_args(self) -> dict:
+        """rope_ext's context arguments besides the base and scale: n_ctx_orig and YaRN's four."""
+        return dict(n_ctx_orig=self.n_ctx_orig or self.n_ctx_train, ext_factor=self.rope_ext_factor,
+                    attn_factor=self.rope_attn_factor, beta_fast=self.rope_beta_fast, beta_slow=self.rope_beta_slow)
+
+
+def yarn_params(freq_scale: float, attn_factor: float = 1.0) -> dict:
+    """llama.cpp's YaRN context parameters (llama_context's constructor) for `rope.scaling.type = "yarn"`:
+    ext_factor 1; attn_factor = mscale(factor) * 1/(1 + 0.1 ln factor) * rope.scaling.attn_factor in f32 steps
+    (ggml's rope applies the mscale itself, which the second factor cancels), mscale(s) = 0.1 ln s + 1 for
+    s > 1; beta_fast 32, beta_slow 1 (llama_hparams' defaults)."""
+    f32 = np.float32
+    factor = f32(1) / f32(freq_scale)
+    lnf = f32(math.log(factor))
+    a = f32(1) if factor <= 1 else f32(f32(0.1) * f32(1) * lnf) + f32(1)
+    a = f32(a * (f32(1) / (f32(1) + f32(f32(0.1) * lnf))))
+    return dict(rope_ext_factor=1.0, rope_attn_factor=float(f32(a * f32(attn_factor))), rope_beta_fast=32.0,
+                rope_beta_slow=1.0)
 
 
 @dataclass(frozen=True)
@@ -418,7 +447,7 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     if positions is None:
         positions = np.arange(pos, pos + T, dtype=np.int32)
     rope = lambda t: rope_ext(t, positions, None, n_dims=hp.n_rot, mode=hp.rope_mode,  # noqa: E731
-                              n_ctx_orig=hp.n_ctx_train, freq_base=hp.rope_base, freq_scale=hp.rope_freq_scale)
+                              freq_base=hp.rope_base, freq_scale=hp.rope_freq_scale, **hp.rope_args())
     q, k, v = q.reshape(T, hp.n_head, D), k.reshape(T, hp.n_head_kv, D), v.reshape(T, hp.n_head_kv, D)
     if w.attn_q_norm is not None:                    # qwen3: per-head RMS norms before rope
         q = mul(rms_norm(q, hp.rms_eps), w.attn_q_norm)

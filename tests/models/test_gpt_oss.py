@@ -1,7 +1,8 @@
 """gpt-oss (refimpl.models.gpt_oss) on tiny random GGUFs against llama.cpp's logits (no download, no
 llama-cpp-python): tests/golden_data/gpt_oss_tiny.npz from `scripts/gen_llama_goldens.py --only tiny-gpt-oss`,
 each model of its TINY_GPT_OSS_MODELS written by tests/models/tiny.py's `write_tiny_gpt_oss` (attention sinks,
-Q/K/V and output biases, sliding-window layers, a biased router and MXFP4 or f32 experts with biases) and
+Q/K/V and output biases, sliding-window layers, a biased router and MXFP4 or f32 experts with biases; one
+with the released files' RoPE scaling, YaRN with factor 32) and
 run by llama-cpp-python (CPU, 2 threads, no repacking, flash attention off, f16 KV cache, one batch of 32
 tokens with logits for every position). The file is written again here from the recorded arguments and
 checked byte for byte (SHA-256); refimpl's exact mode is compared per element with the tolerance table,
@@ -40,9 +41,24 @@ def tiny(request, tmp_path_factory):
     return m, gpt_oss.load(path), Z[f"{m['name']}_tokens"], Z[f"{m['name']}_logits"]
 
 
-def test_the_models_cross_their_sliding_window():
+def test_the_models_cross_their_sliding_window_and_yarns_original_context():
     for m in MODELS.values():
         assert m["n_tokens"] > m["writer_args"]["n_swa"]
+    yarn = [m for m in MODELS.values() if m["writer_args"].get("yarn")]
+    assert yarn and all(m["n_tokens"] > m["writer_args"]["yarn"][1] for m in yarn)
+
+
+def test_yarn_sets_llama_cpps_context_parameters(tiny):
+    """rope.scaling.type "yarn": ext_factor 1, freq_scale 1/factor, attn_factor 1 (llama.cpp divides out
+    the mscale that ggml's rope applies again), the original context from the GGUF."""
+    m, model, _, _ = tiny
+    hp = model.hparams
+    if not m["writer_args"].get("yarn"):
+        assert (hp.rope_ext_factor, hp.rope_freq_scale, hp.rope_attn_factor) == (0.0, 1.0, 1.0)
+        return
+    factor, orig = m["writer_args"]["yarn"]
+    assert (hp.rope_ext_factor, hp.rope_freq_scale, hp.rope_attn_factor) == (1.0, 1 / factor, 1.0)
+    assert hp.rope_args()["n_ctx_orig"] == orig
 
 
 def test_exact_mode_logits_match_llama_cpp(tiny, record_property):
@@ -95,9 +111,9 @@ def test_refusals_name_the_file_and_the_key(tmp_path):
     f = gguf.load(p)
     md = dict(f.metadata)
     tensors = {k: f.tensors[k] for k in f.tensors}
-    bad = tmp_path / "yarn.gguf"
-    gguf.save(bad, dict(md, **{"gpt-oss.rope.scaling.type": "yarn"}), tensors)
-    with pytest.raises(LoadError, match=r"yarn.gguf.*rope.scaling.type 'yarn' is not supported"):
+    bad = tmp_path / "longrope.gguf"
+    gguf.save(bad, dict(md, **{"gpt-oss.rope.scaling.type": "longrope"}), tensors)
+    with pytest.raises(LoadError, match=r"longrope.gguf.*rope.scaling.type 'longrope' is not supported"):
         gpt_oss.load(bad)
     bad = tmp_path / "nosinks.gguf"
     gguf.save(bad, md, {k: v for k, v in tensors.items() if k != "blk.1.attn_sinks.weight"})

@@ -76,12 +76,14 @@ def write_tiny_llama(path, *, n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head
 
 def write_tiny_gpt_oss(path, *, n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=24, n_expert=4,
                        n_expert_used=2, n_ff_exp=64, n_swa=8, rope_base=150000.0, expert_type="mxfp4", seed=0,
-                       vocab=True):
+                       vocab=True, yarn=None):
     """A gpt-oss GGUF (llama.cpp's "gpt-oss" architecture) with random weights: Q/K/V and output biases,
     per-head attention sinks, post-attention norms, a router with a bias, and n_expert experts (gate, up,
     down, each with a bias) stored as `expert_type` (gpt-oss's own MXFP4 by default), everything else f32.
     head_dim * n_head need not be n_embd (gpt-oss's is not). Sliding-window layers every other one
-    (llama.cpp's pattern 2: the even layers), window n_swa. The same arguments always give the same bytes."""
+    (llama.cpp's pattern 2: the even layers), window n_swa. yarn=(factor, original context): RoPE scaling
+    "yarn" as the released gpt-oss files set it (theirs: 32, 4096). The same arguments always give the same
+    bytes (yarn=None adds no key)."""
     rng = np.random.default_rng(seed)
 
     def w(*shape, scale=None, wtype="f32"):
@@ -122,6 +124,9 @@ def write_tiny_gpt_oss(path, *, n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_he
           f"{a}.attention.key_length": head_dim, f"{a}.attention.value_length": head_dim,
           f"{a}.attention.sliding_window": n_swa, f"{a}.rope.freq_base": float(rope_base),
           f"{a}.attention.layer_norm_rms_epsilon": 1e-5, f"{a}.vocab_size": n_vocab}
+    if yarn is not None:
+        md.update({f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": float(yarn[0]),
+                   f"{a}.rope.scaling.original_context_length": int(yarn[1])})
     if vocab:
         md.update(byte_level_vocab(n_vocab))
     gguf.save(path, md, t)
