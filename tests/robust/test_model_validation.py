@@ -115,7 +115,7 @@ CASES = {   # id: (metadata edits {key: value or None to delete}, tensor edits {
     "rope_dims_big": ({"llama.rope.dimension_count": 8}, {}, r"dimension_count is 8; expected an even number"),
     "scaling_factor_negative": ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": -2.0}, {},
                                 r"rope\.scaling\.factor is -2\.0"),
-    "scaling_unknown": ({"llama.rope.scaling.type": "yarn"}, {}, "'yarn' is not supported"),
+    "scaling_unknown": ({"llama.rope.scaling.type": "longrope"}, {}, "'longrope' is not supported"),
     "ff_lengths_differ": ({"llama.feed_forward_length": [24, 32]}, {}, r"feed_forward_length is \[24, 32\]"),
     "ff_lengths_empty": ({"llama.feed_forward_length": []}, {}, r"feed_forward_length is \[\]"),
     "value_length": ({"llama.attention.value_length": 8}, {}, "value_length 8 differs from key_length 4"),
