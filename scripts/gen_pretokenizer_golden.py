@@ -41,16 +41,9 @@ ABORTS = ("whitespace",)          # llama.cpp aborts on some inputs: tokenized o
 
 
 def detokenize(llm, ids: list[int]) -> bytes:
-    """llama_detokenize(ids, remove_special=False, unparse_special=True)."""
-    import ctypes
-    import llama_cpp.llama_cpp as C
-    v = C.llama_model_get_vocab(llm.model)
-    arr = (C.llama_token * max(len(ids), 1))(*ids)
-    size = 64 + 64 * len(ids)
-    buf = ctypes.create_string_buffer(size)
-    k = C.llama_detokenize(v, arr, len(ids), buf, size, False, True)
-    assert 0 <= k <= size
-    return buf.raw[:k]
+    """llama_detokenize(ids, remove_special=False, unparse_special=True): gen_llama_goldens.py's."""
+    from gen_llama_goldens import detokenize as detok
+    return detok(llm, ids)
 
 
 def child(path: str, special: bool) -> None:
