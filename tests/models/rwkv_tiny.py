@@ -157,3 +157,75 @@ def write_tiny_rwkv(path, version: str = "4", state_dict: dict | None = None, **
     else:
         raise ValueError(f"{path}: write .pth, .safetensors or .npz")
     return path
+
+
+# -- rwkv.cpp's own file format ------------------------------------------------------------------------------
+
+RWKV_CPP_MAGIC = 0x67676D66
+RWKV_CPP_CODES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 7, "Q5_1": 8, "Q8_0": 9, "Q8_1": 10,
+                  "Q2_K": 11, "Q3_K": 12, "Q4_K": 13, "Q5_K": 14, "Q6_K": 15, "Q8_K": 16}
+
+
+def rwkv_cpp_tensors(sd: dict) -> dict:
+    """A BlinkDL state dict as rwkv.cpp's converter stores it (its python/convert_pytorch_to_ggml.py, as the
+    module doc of refimpl.models.rwkv.rwkv_cpp tables it): every `.time_*` tensor squeezed; v4's time_decay
+    as -exp(w); v5's time_decay as exp(-exp(w)) and time_first as exp(u), (H, 1, 1) or (H, N, 1), time_faaaa
+    (H, N, 1) or (H, 1, 1); v6's time_maa_w1 / time_decay_w1 / time_decay_w2 transposed, time_maa_w2's last two
+    axes swapped, time_decay and time_faaaa (H, N, 1); v7's x_r .. x_g stacked as att.x_rwkvag (6, 1, C) and
+    its {w,a,v,g}{1,2} transposed. The exponentials in f64, rounded once to f32, as the converter does."""
+    names = list(sd)
+    v7 = any(k.endswith(".att.k_k") for k in names)
+    v6 = any(k.endswith(".att.time_maa_x") for k in names)
+    v5 = not (v6 or v7) and any(k.endswith(".att.ln_x.weight") for k in names)
+    f32 = lambda x: np.ascontiguousarray(x, dtype=np.float32)            # noqa: E731
+    out: dict = {}
+    for k, x in sd.items():
+        x = np.asarray(x, np.float32)
+        a = k.rsplit(".", 1)[0] + "."
+        if v7 and k.endswith(tuple(f".att.x_{c}" for c in "rwkvag")):
+            if k.endswith(".att.x_r"):
+                out[a + "x_rwkvag"] = f32(np.stack([np.asarray(sd[a + f"x_{c}"]).reshape(1, -1) for c in "rwkvag"]))
+        elif v7 and any(k.endswith(f".att.{p}{i}") for p in "wavg" for i in "12"):
+            out[k] = f32(x.T)
+        elif v6 and k.endswith((".att.time_maa_w1", ".att.time_decay_w1", ".att.time_decay_w2")):
+            out[k] = f32(x.T)
+        elif v6 and k.endswith(".att.time_maa_w2"):
+            out[k] = f32(np.swapaxes(x, 1, 2))
+        elif v6 and k.endswith((".att.time_decay", ".att.time_faaaa")):
+            H, N = np.asarray(sd[a + "time_faaaa"]).shape
+            out[k] = f32(x.reshape(H, N, 1))
+        elif v5 and k.endswith(".att.time_decay"):
+            out[k] = f32(np.exp(-np.exp(x.astype(np.float64))).reshape(x.shape[0], -1, 1))
+        elif v5 and k.endswith(".att.time_first"):
+            out[k] = f32(np.exp(x.astype(np.float64)).reshape(x.shape[0], -1, 1))
+        elif v5 and k.endswith(".att.time_faaaa"):
+            out[k] = f32(x.reshape(x.shape[0], -1, 1))
+        elif not (v5 or v6 or v7) and k.endswith(".att.time_decay"):
+            out[k] = f32(-np.exp(x.astype(np.float64)))
+        elif ".time_" in k:
+            out[k] = f32(np.squeeze(x))
+        else:
+            out[k] = x
+    return out
+
+
+def write_rwkv_cpp(path, tensors: dict, *, version: int = 101, n_layer: int | None = None,
+                   data_type: int = 0) -> pathlib.Path:
+    """An rwkv.cpp model file as its writer lays it out: the 24-byte header (magic, version, n_vocab, n_embed,
+    n_layer, data_type), then per tensor dim_count, key_length, data_type, ne (fastest first), the name and the
+    data. `tensors`: rwkv.cpp's stored names and layouts (rwkv_cpp_tensors), f32 / f16 arrays or QTensors."""
+    import struct
+    path = pathlib.Path(path)
+    V, C = np.shape(tensors["emb.weight"])
+    L = n_layer if n_layer is not None else len({k.split(".")[1] for k in tensors if k.startswith("blocks.")})
+    out = [struct.pack("<6I", RWKV_CPP_MAGIC, version, V, C, L, data_type)]
+    for name, x in tensors.items():
+        if hasattr(x, "data") and hasattr(x, "type") and not isinstance(x, np.ndarray):     # a QTensor
+            code, raw = RWKV_CPP_CODES[x.type.name.upper()], np.ascontiguousarray(x.data)
+        else:
+            code, raw = (0 if x.dtype == np.float32 else 1), np.ascontiguousarray(x)
+        ne = tuple(reversed(np.shape(x)))
+        key = name.encode()
+        out.append(struct.pack(f"<3I{len(ne)}I", len(ne), len(key), code, *ne) + key + raw.tobytes())
+    path.write_bytes(b"".join(out))
+    return path
