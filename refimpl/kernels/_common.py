@@ -347,3 +347,30 @@ def parallel_ranges(work, n: int, min_items: int) -> None:
     work(bounds[0], bounds[1])
     for f in futs:
         f.result()
+
+
+# -- one small Numba function per type, from a template --------------------------------------------------------
+
+def per_type(namespace: dict, template: str, names, **fields) -> dict:
+    """Define `template` in `namespace` (a kernel module's globals()) once per type name of `names`, its
+    `{t}` the name and each other `{field}` fields[field](name); returns {name: the function}.
+
+    Why source text: each function must call one type's kernel as a compile-time constant, so that Numba
+    inlines it, and must load from Numba's cache. Numba caches neither a function that closes over another
+    compiled function nor one that takes it as an argument (in a new process both miss the cache, every
+    time: measured with numba 0.68). A function compiled from text under the module's own file name is an
+    ordinary module function to Numba's cache: found by that file and invalidated when it changes. The text
+    is placed at the template's own lines, so tracebacks and Numba's errors point at the template."""
+    path = namespace["__file__"]
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    at = text.find(template)
+    pad = "\n" * text[:at].count("\n") if at >= 0 else ""
+    made = {}
+    for t in names:
+        code = template.format(t=t, **{k: fn(t) for k, fn in fields.items()})
+        name = code.split("def ", 1)[1].split("(", 1)[0]
+        exec(compile(pad + code, path, "exec"), namespace)       # noqa: S102 -- the module's own template
+        made[t] = namespace[name]
+    return made
+

@@ -38,7 +38,7 @@ from ..shapes import ne4
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 from . import blas, mkl, quants, simd
-from ._common import n_threads, parallel_ranges, prange_ok
+from ._common import n_threads, parallel_ranges, per_type, prange_ok
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
 GEMV_MIN_MACS = 1 << 18  # multiply-adds per thread at least (Python thread pool)
@@ -111,134 +111,25 @@ def _vrows(vdot, ts, W, nb, B, out, lo, hi):
             out[j, r] = np.float32(vdot(W, r * nb, nb, B, j * k))
 
 
+# One small function per weight type (GEMV), made from the type table: the types with a Numba decoder
+# (`quants.DECODERS`, but f32 below and the activation types Q8_1 / Q8_K), through `simd.vdot64_<type>` where
+# kernels/simd.py has one. Each compiles on its own, on first use of its type.
+GEMV_TYPES = tuple(traits(t).name for t in quants.DECODERS
+                   if t not in (int(GGMLType.F32), int(GGMLType.Q8_1), int(GGMLType.Q8_K)))
+VECTOR_TYPES = tuple(n for n in GEMV_TYPES if hasattr(simd, f"vdot64_{n}"))     # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
+
+_GEMV_DECODED = """
 @njit(cache=True, nogil=True)
-def _gemv_f16(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_f16, W2, nb, B, out, lo, hi, T)
-
-
+def _gemv_{t}(W2, nb, B, out, lo, hi, T):
+    _gemv(quants._dq_{t}, W2, nb, B, out, lo, hi, T)
+"""
+_GEMV_VECTOR = """
 @njit(cache=True, nogil=True)
-def _gemv_bf16(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_bf16, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q4_0(W2, nb, B, out, lo, hi, T):
-    _vrows(simd.vdot64_q4_0, 18, W2, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q4_1(W2, nb, B, out, lo, hi, T):
-    _vrows(simd.vdot64_q4_1, 20, W2, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q5_0(W2, nb, B, out, lo, hi, T):
-    _vrows(simd.vdot64_q5_0, 22, W2, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q5_1(W2, nb, B, out, lo, hi, T):
-    _vrows(simd.vdot64_q5_1, 24, W2, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q8_0(W2, nb, B, out, lo, hi, T):
-    _vrows(simd.vdot64_q8_0, 34, W2, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q1_0(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_q1_0, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q2_K(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_q2_K, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q3_K(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_q3_K, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q4_K(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_q4_K, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q5_K(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_q5_K, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_q6_K(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_q6_K, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq2_xxs(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq2_xxs, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq2_xs(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq2_xs, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq2_s(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq2_s, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq3_xxs(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq3_xxs, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq3_s(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq3_s, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq1_s(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq1_s, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq1_m(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq1_m, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq4_nl(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq4_nl, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_iq4_xs(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_iq4_xs, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_tq1_0(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_tq1_0, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_tq2_0(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_tq2_0, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_mxfp4(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_mxfp4, W2, nb, B, out, lo, hi, T)
-
-
-@njit(cache=True, nogil=True)
-def _gemv_nvfp4(W2, nb, B, out, lo, hi, T):
-    _gemv(quants._dq_nvfp4, W2, nb, B, out, lo, hi, T)
+def _gemv_{t}(W2, nb, B, out, lo, hi, T):
+    _vrows(simd.vdot64_{t}, {ts}, W2, nb, B, out, lo, hi)
+"""
+_GEMV = {**per_type(globals(), _GEMV_DECODED, [n for n in GEMV_TYPES if n not in VECTOR_TYPES]),
+         **per_type(globals(), _GEMV_VECTOR, VECTOR_TYPES, ts=lambda n: traits(n).type_size)}
 
 
 @njit(cache=True, nogil=True)
@@ -290,9 +181,7 @@ def _attn_fast(A, sG, sN, G, n, k, B, out, h0, h1):
                 out[h, j, i] = simd.vdot_f32(A, g * sG + i * sN, B, (h * m + j) * k, k)
 
 
-GEMV = {int(GGMLType[n.upper()]): globals()[f"_gemv_{n}"] for n in (
-    "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q1_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq2_xxs",
-    "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4", "nvfp4")}
+GEMV = {int(traits(n).type): _GEMV[n] for n in GEMV_TYPES}
 
 
 def _weights(a):
@@ -567,124 +456,40 @@ def mul_mat(a, b) -> np.ndarray:
 # gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u / (1 - k u), u = 2^-24): the f32 products
 # and sums of one dot, in any order.
 
+_FAST = """
 @njit(cache=True, nogil=True)
-def _fast_q4_0(W, nb, B, out, lo, hi):
-    _vrows(simd.vdot_q4_0, 18, W, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _fast_q4_1(W, nb, B, out, lo, hi):
-    _vrows(simd.vdot_q4_1, 20, W, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _fast_q5_0(W, nb, B, out, lo, hi):
-    _vrows(simd.vdot_q5_0, 22, W, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _fast_q5_1(W, nb, B, out, lo, hi):
-    _vrows(simd.vdot_q5_1, 24, W, nb, B, out, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _fast_q8_0(W, nb, B, out, lo, hi):
-    _vrows(simd.vdot_q8_0, 34, W, nb, B, out, lo, hi)
-
-
-FAST = {int(GGMLType[n.upper()]): globals()[f"_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}
+def _fast_{t}(W, nb, B, out, lo, hi):
+    _vrows(simd.vdot_{t}, {ts}, W, nb, B, out, lo, hi)
+"""
+FAST = {int(traits(n).type): f
+        for n, f in per_type(globals(), _FAST, VECTOR_TYPES, ts=lambda n: traits(n).type_size).items()}
 
 
 # -- thread drivers ------------------------------------------------------------------------------------------
 # A mat-vec of SmolLM2's shapes takes 30-300 us; handing half of it to a Python thread pool costs ~100 us
 # of wake-up here (measured round trip of an empty task), so the decode kernels split their rows in a
-# `prange` instead (Numba's OpenMP layer: ~5 us). One small driver per kernel (a driver taking the kernel
-# as an argument is not cached by Numba); the kernel itself is a call, compiled once, not re-optimised.
-# Types without a driver split their rows with `parallel_ranges`.
+# `prange` instead (Numba's OpenMP layer: ~5 us). One small driver per kernel, from a template (`per_type`: a
+# driver taking the kernel as an argument is not cached by Numba); the kernel itself is a call, compiled once,
+# not re-optimised. Types without a driver split their rows with `parallel_ranges`.
 
+_PAR_FAST = """
 @njit(cache=True, parallel=True, nogil=True)
-def _par_fast_q4_0(W, nb, B, out, nchunk):
+def _par_fast_{t}(W, nb, B, out, nchunk):
     n = out.shape[1]
     for c in prange(nchunk):
-        _fast_q4_0(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk)
-
+        _fast_{t}(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk)
+"""
+_PAR_GEMV = """
 @njit(cache=True, parallel=True, nogil=True)
-def _par_fast_q4_1(W, nb, B, out, nchunk):
+def _par_gemv_{t}(W, nb, B, out, T, nchunk):
     n = out.shape[1]
     for c in prange(nchunk):
-        _fast_q4_1(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk)
+        _gemv_{t}(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+"""
+PAR_FAST = {int(traits(n).type): f for n, f in per_type(globals(), _PAR_FAST, VECTOR_TYPES).items()}
+PAR_GEMV = {int(traits(n).type): f for n, f in per_type(globals(), _PAR_GEMV,
+                                                       ("f16",) + VECTOR_TYPES + ("q4_K", "q5_K", "q6_K")).items()}
 
-@njit(cache=True, parallel=True, nogil=True)
-def _par_fast_q5_0(W, nb, B, out, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _fast_q5_0(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_fast_q5_1(W, nb, B, out, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _fast_q5_1(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_fast_q8_0(W, nb, B, out, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _fast_q8_0(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_f16(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_f16(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_q4_0(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_q4_0(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_q4_1(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_q4_1(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_q5_0(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_q5_0(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_q5_1(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_q5_1(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_q8_0(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_q8_0(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_q4_K(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_q4_K(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_q5_K(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_q5_K(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_gemv_q6_K(W, nb, B, out, T, nchunk):
-    n = out.shape[1]
-    for c in prange(nchunk):
-        _gemv_q6_K(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
 
 @njit(cache=True, parallel=True, nogil=True)
 def _par_gemv_f32(W, B, out, nchunk):
@@ -704,11 +509,6 @@ def _par_attn_fast(A, sG, sN, G, n, k, B, out, nchunk):
     H = out.shape[0]
     for c in prange(nchunk):
         _attn_fast(A, sG, sN, G, n, k, B, out, H * c // nchunk, H * (c + 1) // nchunk)
-
-
-PAR_FAST = {int(GGMLType[n.upper()]): globals()[f"_par_fast_{n}"] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}
-PAR_GEMV = {int(GGMLType[n.upper()]): globals()[f"_par_gemv_{n}"]
-            for n in ("f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K")}
 
 
 def _split(n: int, per: int) -> int:

@@ -26,13 +26,14 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange  # noqa: F401 -- prange: the drivers' template (per_type) uses it
 
 from ..dispatch import implements
 from ..quants import DEQUANTIZERS
 from ..types import GGMLType, traits
 from . import simd
-from ._common import f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, n_threads, parallel_ranges, prange_ok
+from ._common import (f16_to_f32, f16_to_f32_raw, f32_bits, f32_from_bits, n_threads, parallel_ranges, per_type,
+                      prange_ok)
 
 _TWO_M24 = np.float32(2.0 ** -24)
 
@@ -656,187 +657,21 @@ DECODABLE = frozenset(t for t in DEQUANTIZERS if int(t) in DECODERS)
 # -- thread drivers ------------------------------------------------------------------------------------------
 # A whole tensor's decode (the dequantize entry point) splits its blocks in a `prange`: Numba's OpenMP threads
 # start a range in ~5 us, the Python pool of parallel_ranges in ~65-100 us (an empty task's round trip here),
-# as long as the decode of 1M elements takes on one core. One small driver per decoder, as kernels/matmul.py's
-# (a driver taking the decoder as an argument would not be cached). mul_mat's tiles take them (`decode_tensor`)
-# only where their products run on Numba's threads too, else parallel_ranges (`dequantize_into`): OpenMP
-# threads that spin after a prange take the cores from OpenBLAS's next sgemm.
+# as long as the decode of 1M elements takes on one core. One small driver per decoder, from a template as
+# kernels/matmul.py's (`per_type`: a driver taking the decoder as an argument would not be cached). mul_mat's
+# tiles take them (`decode_tensor`) only where their products run on Numba's threads too, else
+# parallel_ranges (`dequantize_into`): OpenMP threads that spin after a prange take the cores from OpenBLAS's
+# next sgemm.
 
+_PAR_DQ = """
 @njit(cache=True, parallel=True, nogil=True)
-def _par_dq_f32(src, out, T, nchunk):
+def _par_dq_{t}(src, out, T, nchunk):
     n = src.shape[0]
     for c in prange(nchunk):
-        _dq_f32(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_f16(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_f16(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_bf16(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_bf16(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q4_0(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q4_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q4_1(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q4_1(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q5_0(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q5_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q5_1(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q5_1(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q8_0(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q8_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q8_1(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q8_1(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q1_0(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q1_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q2_K(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q2_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q3_K(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q3_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q4_K(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q4_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q5_K(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q5_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q6_K(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q6_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_q8_K(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_q8_K(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq2_xxs(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq2_xxs(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq2_xs(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq2_xs(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq2_s(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq2_s(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq3_xxs(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq3_xxs(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq3_s(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq3_s(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq1_s(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq1_s(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq1_m(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq1_m(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq4_nl(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq4_nl(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_iq4_xs(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_iq4_xs(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_tq1_0(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_tq1_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_tq2_0(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_tq2_0(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_mxfp4(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_mxfp4(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-@njit(cache=True, parallel=True, nogil=True)
-def _par_dq_nvfp4(src, out, T, nchunk):
-    n = src.shape[0]
-    for c in prange(nchunk):
-        _dq_nvfp4(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
-
-
-PAR_DECODERS = {tid: globals()[f"_par_dq_{GGMLType(tid).name.lower().replace('_k', '_K')}"] for tid in DECODERS}
+        _dq_{t}(src, out, n * c // nchunk, n * (c + 1) // nchunk, T)
+"""
+PAR_DECODERS = {int(traits(n).type): f
+                for n, f in per_type(globals(), _PAR_DQ, [traits(t).name for t in DECODERS]).items()}
 
 
 # The per-tensor path below runs on caches that the previous decode has just flushed (1M elements
