@@ -146,18 +146,9 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
 
 def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> Gemma3Model:
     path, kv = f.path, f.metadata
-    emb = f.tensors.get("token_embd.weight")
-    if emb is None or len(emb.shape) != 2:
-        raise ValueError(f"{path}: tensor 'token_embd.weight' is missing or not 2-D; expected ne [n_embd, n_vocab] "
-                         f"(numpy (n_vocab, n_embd))")
-    hp = HParams.from_gguf(kv, emb.shape[0], where=path, rope_modes=ARCHS)
+    hp, emb = llama.hparams_and_embedding(f, kv, rope_modes=ARCHS)
     gp = Gemma3Params.from_gguf(kv, hp, where=path)
-    tokens = kv.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list) and len(tokens) != emb.shape[0]:
-        raise ValueError(f"{path}: tensor 'token_embd.weight' has {emb.shape[0]} rows, but tokenizer.ggml.tokens "
-                         f"gives a vocabulary of {len(tokens)} tokens")
     t0 = llama._tensor
-    t0(f, "token_embd.weight", (hp.n_vocab, hp.n_embd), path)
     n_q, n_kv, D = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.head_dim
     layers = []
     for i in range(hp.n_layer):

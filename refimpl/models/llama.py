@@ -244,9 +244,11 @@ def load(path, *, tokenizer: bool = True, dequantize_weights: bool = False, prog
     return load_checked(path, _load, tokenizer, dequantize_weights, progress)
 
 
-def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
+def hparams_and_embedding(f, kv: dict, **from_gguf) -> tuple[HParams, A]:
+    """A llama-family GGUF's hyper-parameters (HParams.from_gguf with `from_gguf`) and token embedding, once it is
+    checked: present, 2-D, one row per token of `{arch}.vocab_size` and of tokenizer.ggml.tokens (a ValueError
+    naming the file and both shape orders otherwise). Every llama-family loader starts here."""
     path = f.path
-    kv = f.metadata
     emb = f.tensors.get("token_embd.weight")
     if emb is None:
         raise ValueError(f"{path}: tensor 'token_embd.weight' is missing; expected ne [n_embd, n_vocab] "
@@ -255,7 +257,7 @@ def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
         raise ValueError(f"{path}: tensor 'token_embd.weight' has {_shapes(emb.shape)}; expected 2 dims, "
                          f"ne [n_embd, n_vocab] (numpy (n_vocab, n_embd))")
     tokens = kv.get("tokenizer.ggml.tokens")
-    hp = HParams.from_gguf(kv, emb.shape[0], where=path)
+    hp = HParams.from_gguf(kv, emb.shape[0], where=path, **from_gguf)
     vocab = {f"{hp.arch}.vocab_size": hp.n_vocab}
     if isinstance(tokens, list):
         vocab["tokenizer.ggml.tokens"] = len(tokens)
@@ -264,6 +266,12 @@ def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
             raise ValueError(f"{path}: tensor 'token_embd.weight' has {_shapes(emb.shape)}: {emb.shape[0]} rows, "
                              f"but {src} gives a vocabulary of {n} tokens; expected {_shapes((n, hp.n_embd))}")
     _tensor(f, "token_embd.weight", (hp.n_vocab, hp.n_embd), path)
+    return hp, emb
+
+
+def _load(f, tokenizer: bool, dequantize_weights: bool, progress) -> LlamaModel:
+    path, kv = f.path, f.metadata
+    hp, emb = hparams_and_embedding(f, kv)
     n_q, n_kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
     layers = []
     for i in range(hp.n_layer):
