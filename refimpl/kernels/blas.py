@@ -1,6 +1,8 @@
 """The numba backend's GEMMs: NumPy's matmul, or MKL's sgemm split over refimpl's threads where MKL is in use.
 
     gemm_nt(x, w, out, omp=False)   out[...] = x @ w.T (2-D, unit inner strides, views with row strides too)
+    matmul_t(x, w, out)             out[...] = x @ w.T in f64 (exact numerics' tiles): NumPy's matmul on BLAS's
+                                    one thread, w's rows split over refimpl's threads
     forward_scope(n_tokens, w)      the numba backend's context around a model's forward pass: the kernels'
                                     thread count read once for the pass (`_common.threads_fixed`)
 
@@ -15,20 +17,28 @@ pool thread omp is ignored. Ranges keep >= MIN_ROWS rows (MKL takes other kernel
 result does not depend on the split (tested bit for bit against the unsplit call).
 
 MKL's sgemm is passed to the drivers as a first-class function (Numba's documented ctypes support), so they
-compile once and cache on disk. Everything else -- f64 (exact numerics' tiles), f32 without MKL, operands
-the Fortran call does not take -- is `np.matmul(x, w.T, out=out)` on BLAS's own threads. NumPy's OpenBLAS
+compile once and cache on disk. Everything else in f32 -- without MKL, operands the Fortran call does not
+take -- is `np.matmul(x, w.T, out=out)` on BLAS's own threads. NumPy's OpenBLAS
 keeps its workers spinning ~0.1 s after a threaded call (OPENBLAS_THREAD_TIMEOUT, its documented setting,
-read when the library loads: `OPENBLAS_THREAD_TIMEOUT=4` makes them sleep at once); measured side by side
-on an AMD EPYC (docs/benchmarks.md), running BLAS's jobs on refimpl's threads instead gained nothing
-robust, so refimpl does not.
+read when the library loads: `OPENBLAS_THREAD_TIMEOUT=4` makes them sleep at once), and they take the cores
+from the Numba kernels that follow: exact numerics' f64 tiles of a prefill, on BLAS's threads, left SmolLM2's
+exact decode at 2 threads 14 % slower than when OpenBLAS's jobs ran on refimpl's threads (best of 3
+interleaved rounds, AMD EPYC, docs/benchmarks.md). So `matmul_t` runs them with BLAS limited to one thread
+(threadpoolctl, its public API, on the main thread: see single_blas_thread; so does the forward scope of
+an exact pass, so that no other product of the pass leaves workers spinning either) and splits the
+weight's rows over refimpl's threads: OpenBLAS splits a product by rows and columns, never along k, so
+each output has the bits of the unsplit call (tested).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import threading
 
 import numpy as np
 from numba import njit, prange
 
+from ..dispatch import current_numerics
 from . import mkl
 from ._common import n_threads, parallel_ranges, prange_ok, threads_fixed
 
@@ -126,8 +136,64 @@ def gemm_nt(x: np.ndarray, w: np.ndarray, out: np.ndarray, omp: bool = False) ->
         parallel_ranges(lambda lo, hi: _rows(fn, x, w, out, lo, hi, one, zero), m, MIN_ROWS)
 
 
+SPLIT_MIN_MACS = 1 << 22     # multiply-adds per thread at least before matmul_t splits a product
+
+_blas = None                 # threadpoolctl's controller of the BLAS libraries (made on first use)
+_blas_depth = 0              # the main thread's open single_blas_thread() scopes
+_blas_limit = None           # their limit (threadpoolctl's), restored when the outermost ends
+
+
+@contextlib.contextmanager
+def single_blas_thread():
+    """BLAS on one thread until the block ends, where the block runs on the main thread (threadpoolctl's
+    public limit; nested scopes share it, the outermost restores the setting). NumPy's OpenBLAS (0.3.31)
+    ignores a thread-count change made on any other thread -- measured: neither a limit nor its restoring
+    takes effect there --, so a scope on another thread leaves BLAS as it is."""
+    global _blas, _blas_depth, _blas_limit
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _blas_depth == 0:
+        if _blas is None:
+            from threadpoolctl import ThreadpoolController
+            _blas = ThreadpoolController().select(user_api="blas")
+        _blas_limit = _blas.limit(limits=1)
+    _blas_depth += 1
+    try:
+        yield
+    finally:
+        _blas_depth -= 1
+        if _blas_depth == 0:
+            _blas_limit.restore_original_limits()
+            _blas_limit = None
+
+
+def matmul_t(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = x @ w.T: x (..., m, k) and w (n, k) f64, out (..., m, n) of any float type (assigned, so
+    rounded once), with BLAS on one thread (see the module doc): w's rows split over refimpl's threads (the
+    pool) where there are several and enough work, each range one NumPy matmul."""
+    n, k = w.shape
+    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    th = n_threads()
+    with single_blas_thread():
+        if th <= 1 or n < 2 * MIN_ROWS or m * n * k < th * SPLIT_MIN_MACS:
+            out[...] = x @ w.T
+            return
+
+        def part(lo: int, hi: int) -> None:
+            out[..., lo:hi] = x @ w[lo:hi].T
+        parallel_ranges(part, n, max(MIN_ROWS, n // th))
+
+
+@contextlib.contextmanager
 def forward_scope(n_tokens: int, workload: str):
     """The numba backend's scope around a model's forward pass (refimpl.dispatch.forward_scope): the kernels'
     thread count read once for the pass (Numba's public getter takes ~1 us, and a decode step asks hundreds
-    of times)."""
-    return threads_fixed()
+    of times); in exact numerics BLAS on one thread for the pass (the module doc: its f64 products split over
+    refimpl's threads instead, and no BLAS worker spins against the Numba kernels)."""
+    with threads_fixed():
+        if current_numerics() == "exact":
+            with single_blas_thread():
+                yield
+        else:
+            yield

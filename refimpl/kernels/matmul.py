@@ -10,8 +10,9 @@ Versions (exact and fast numerics; numerics="ggml" and every case below not cove
              sum, i.e. identical f32 but where that rounding straddles an f32 rounding boundary (NMSE
              ~1e-30; tolerance ("mul_mat", "*", "property")).
     prefill  (more rows)  the reference's own computation -- TILE_ROWS weight rows at a time as f64, one
-             BLAS `b @ w.T` per tile -- with the tile decoded by the Numba decoders in threads
-             (`quants.dequantize_into`). Identical bits to the reference.
+             BLAS `b @ w.T` per tile (`blas.matmul_t`: split over refimpl's threads, BLAS on one) -- with
+             the tile decoded by the Numba decoders in threads (`quants.dequantize_into`). Identical bits to
+             the reference.
 
 Fast numerics (section at the end): f32 sums -- fused `_fast_<type>` decode kernels for Q4_0 Q4_1 Q5_0
 Q5_1 Q8_0 (vector IR from kernels/simd.py: 16-29 GFLOP/s per core against 3.5-5.4 for the f64 decode),
@@ -431,8 +432,8 @@ def mul_mat(a, b) -> np.ndarray:
                                  omp=tid is not None)
                 elif fast:
                     np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
-                else:
-                    o[..., lo:hi] = bsx @ t32.reshape(hi - lo, k).astype(dt, copy=False).T
+                else:                               # f64, BLAS on one thread, split over refimpl's
+                    blas.matmul_t(bsx, t32.reshape(hi - lo, k).astype(dt, copy=False), o[..., lo:hi])
     nd = max(len(b.shape), 2)
     return out.reshape(out.shape[4 - nd:])
 

@@ -122,3 +122,61 @@ def test_a_split_product_in_a_forked_child():
             return got
         got = in_forked_child(child, "gemm_nt")
     assert np.array_equal(got.view(np.uint32), parent.view(np.uint32))
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 200), n=st.integers(1, 700), k=st.integers(1, 300), batch=st.sampled_from([(), (1, 3)]),
+       seed=st.integers(0, 2 ** 16))
+def test_matmul_t_has_the_bits_of_one_call(m, n, k, batch, seed):
+    """Exact numerics' f64 tiles: split over the weight's rows with BLAS on one thread, or not split, every
+    output has the bits of NumPy's one `x @ w.T` on BLAS's own threads, rounded once into the output."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(batch + (m, k))
+    w = rng.standard_normal((n, k)) * 10.0 ** rng.integers(-3, 4, (n, 1))
+    want = (x @ w.T).astype(np.float32)
+    old = blas.SPLIT_MIN_MACS
+    try:
+        blas.SPLIT_MIN_MACS = 1                        # split whatever has rows enough, as a large product
+        for th in (1, 2):
+            with _threads(th):
+                out = np.full(batch + (m, n), np.nan, np.float32)
+                blas.matmul_t(x, w, out)
+                assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (th, x.shape, w.shape)
+    finally:
+        blas.SPLIT_MIN_MACS = old
+
+
+def test_single_blas_thread_restores_blas_when_the_outermost_scope_ends():
+    """Nested scopes on the main thread share one limit: BLAS runs on one thread while any is open and gets its
+    setting back when the outermost ends; a scope on another thread (where OpenBLAS ignores a change) leaves
+    the setting alone; an exact pass's forward scope opens one, a fast pass's does not."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    import refimpl
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    with blas.single_blas_thread():
+        assert set(blas_threads()) == {1}
+        with blas.single_blas_thread():
+            assert set(blas_threads()) == {1}
+        assert set(blas_threads()) == {1}
+    assert blas_threads() == before
+    seen = []
+
+    def other():
+        with blas.single_blas_thread():
+            seen.append(blas_threads())
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [before] and blas_threads() == before
+    with refimpl.numerics("exact"), blas.forward_scope(128, "llama"):
+        assert set(blas_threads()) == {1}
+    with refimpl.numerics("fast"), blas.forward_scope(128, "llama"):
+        assert blas_threads() == before
+    assert blas_threads() == before
