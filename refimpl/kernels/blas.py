@@ -170,13 +170,17 @@ def single_blas_thread():
 
 def matmul_t(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out[...] = x @ w.T: x (..., m, k) and w (n, k) f64, out (..., m, n) of any float type (assigned, so
-    rounded once), with BLAS on one thread (see the module doc): w's rows split over refimpl's threads (the
-    pool) where there are several and enough work, each range one NumPy matmul."""
+    rounded once). On several of refimpl's threads, with BLAS on one (see the module doc): w's rows split over
+    refimpl's threads (the pool) where there is enough work, each range one NumPy matmul. On one thread,
+    NumPy's matmul as BLAS is set: there is no Numba thread for its workers to take a core from."""
     n, k = w.shape
     m = int(np.prod(x.shape[:-1], dtype=np.int64))
     th = n_threads()
+    if th <= 1:
+        out[...] = x @ w.T
+        return
     with single_blas_thread():
-        if th <= 1 or n < 2 * MIN_ROWS or m * n * k < th * SPLIT_MIN_MACS:
+        if n < 2 * MIN_ROWS or m * n * k < th * SPLIT_MIN_MACS:
             out[...] = x @ w.T
             return
 
@@ -189,10 +193,10 @@ def matmul_t(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 def forward_scope(n_tokens: int, workload: str):
     """The numba backend's scope around a model's forward pass (refimpl.dispatch.forward_scope): the kernels'
     thread count read once for the pass (Numba's public getter takes ~1 us, and a decode step asks hundreds
-    of times); in exact numerics BLAS on one thread for the pass (the module doc: its f64 products split over
-    refimpl's threads instead, and no BLAS worker spins against the Numba kernels)."""
+    of times); in exact numerics on several threads, BLAS on one for the pass (the module doc: its f64
+    products split over refimpl's threads instead, and no BLAS worker spins against the Numba kernels)."""
     with threads_fixed():
-        if current_numerics() == "exact":
+        if current_numerics() == "exact" and n_threads() > 1:
             with single_blas_thread():
                 yield
         else:

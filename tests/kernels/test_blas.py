@@ -149,7 +149,8 @@ def test_matmul_t_has_the_bits_of_one_call(m, n, k, batch, seed):
 def test_single_blas_thread_restores_blas_when_the_outermost_scope_ends():
     """Nested scopes on the main thread share one limit: BLAS runs on one thread while any is open and gets its
     setting back when the outermost ends; a scope on another thread (where OpenBLAS ignores a change) leaves
-    the setting alone; an exact pass's forward scope opens one, a fast pass's does not."""
+    the setting alone; an exact pass's forward scope on several threads opens one, on one thread or in a fast
+    pass it does not."""
     import threading
 
     from threadpoolctl import threadpool_info
@@ -175,8 +176,10 @@ def test_single_blas_thread_restores_blas_when_the_outermost_scope_ends():
     t.start()
     t.join()
     assert seen == [before] and blas_threads() == before
-    with refimpl.numerics("exact"), blas.forward_scope(128, "llama"):
+    with _threads(2), refimpl.numerics("exact"), blas.forward_scope(128, "llama"):
         assert set(blas_threads()) == {1}
-    with refimpl.numerics("fast"), blas.forward_scope(128, "llama"):
+    with _threads(1), refimpl.numerics("exact"), blas.forward_scope(128, "llama"):
+        assert blas_threads() == before                 # one Numba thread: BLAS as it is set
+    with _threads(2), refimpl.numerics("fast"), blas.forward_scope(128, "llama"):
         assert blas_threads() == before
     assert blas_threads() == before
