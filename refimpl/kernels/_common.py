@@ -368,6 +368,8 @@ def per_type(namespace: dict, template: str, names, **fields) -> dict:
     pad = "\n" * text[:at].count("\n") if at >= 0 else ""
     made = {}
     for t in names:
+        if not (isinstance(t, str) and t.isidentifier()):
+            raise ValueError(f"per_type: type name {t!r} is not an identifier")
         code = template.format(t=t, **{k: fn(t) for k, fn in fields.items()})
         name = code.split("def ", 1)[1].split("(", 1)[0]
         exec(compile(pad + code, path, "exec"), namespace)       # noqa: S102 -- the module's own template

@@ -25,6 +25,12 @@ ALLOWED = {
     ("refimpl/testing/ggml.py", "pickle.loads"):
         "reads back the result that its own forked child process pickled into a pipe; never a file or "
         "other outside input",
+    ("refimpl/kernels/_common.py", "compile"):
+        "per_type compiles the kernel templates written in refimpl's own modules (kernels/matmul.py, "
+        "kernels/quants.py), formatted with type names of refimpl's type table that it checks are identifiers; "
+        "never outside input",
+    ("refimpl/kernels/_common.py", "exec"):
+        "runs what per_type compiled (the line above), defining one kernel per type in the template's module",
 }
 
 _PICKLERS = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle"}
