@@ -3,7 +3,7 @@
 Against rwkv.cpp: its tiny test models (its repository's tests/) against the expected logits stored beside
 them, by rwkv.cpp's own rule (|sum of the 256 differences| within 105 % of its figure for the file) and per
 element (NMSE, the tolerance table's ("rwkv.cpp", type) entries). refimpl keeps none of rwkv.cpp's files: those
-tests read them from the steering repository's shared/rwkv_cpp/ (or $REFIMPL_RWKV_CPP_TESTS), the folder of
+tests read them from shared/rwkv_cpp/ beside the repository (or $REFIMPL_RWKV_CPP_TESTS), the folder of
 rwkv.cpp's tests/ as it is, and are skipped, saying so, where it is absent.
 
 The prompt is rwkv.cpp's: the bytes of `"in`, token by token from a fresh state and as one sequence. FP16 files
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("REFIMPL_RWKV_CPP_TESTS") or ROOT.parent / "shared" / "rwkv_cpp")
 needs_rwkv_cpp_files = pytest.mark.skipif(
     not (DATA / "expected-logits-4v0-660K.bin").is_file(),
-    reason=f"rwkv.cpp's tiny test models are not in {DATA}: refimpl keeps none of rwkv.cpp's files; the steering "
-           "repository's shared/rwkv_cpp/ (rwkv.cpp's tests/ folder) or $REFIMPL_RWKV_CPP_TESTS provides them")
+    reason=f"rwkv.cpp's tiny test models are not in {DATA}: refimpl keeps none of rwkv.cpp's files; shared/rwkv_cpp/ "
+           "beside the repository (rwkv.cpp's tests/ folder) or $REFIMPL_RWKV_CPP_TESTS provides them")
 PROMPT = b'"in'
 
 # (file, rwkv.cpp's sum of differences for it): test_tiny_rwkv.c's FP16 figures; the Q5 files' from
