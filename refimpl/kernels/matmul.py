@@ -129,8 +129,9 @@ _GEMV_VECTOR = """
 def _gemv_{t}(W2, nb, B, out, lo, hi, T):
     _vrows(simd.vdot64_{t}, {ts}, W2, nb, B, out, lo, hi)
 """
-_GEMV = {**per_type(globals(), _GEMV_DECODED, [n for n in GEMV_TYPES if n not in VECTOR_TYPES]),
-         **per_type(globals(), _GEMV_VECTOR, VECTOR_TYPES, ts=lambda n: traits(n).type_size)}
+GEMV = {int(traits(n).type): f for n, f in (
+    *per_type(globals(), _GEMV_DECODED, [n for n in GEMV_TYPES if n not in VECTOR_TYPES]).items(),
+    *per_type(globals(), _GEMV_VECTOR, VECTOR_TYPES, ts=lambda n: traits(n).type_size).items())}
 
 
 @njit(cache=True, nogil=True)
@@ -180,9 +181,6 @@ def _attn_fast(A, sG, sN, G, n, k, B, out, h0, h1):
         for j in range(m):
             for i in range(n):
                 out[h, j, i] = simd.vdot_f32(A, g * sG + i * sN, B, (h * m + j) * k, k)
-
-
-GEMV = {int(traits(n).type): _GEMV[n] for n in GEMV_TYPES}
 
 
 def _weights(a):
@@ -432,7 +430,7 @@ def mul_mat(a, b) -> np.ndarray:
                                  omp=tid is not None)
                 elif fast:
                     np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
-                else:                               # f64, BLAS on one thread, split over refimpl's
+                else:                               # f64 (blas.matmul_t: BLAS on one thread, split)
                     blas.matmul_t(bsx, t32.reshape(hi - lo, k).astype(dt, copy=False), o[..., lo:hi])
     nd = max(len(b.shape), 2)
     return out.reshape(out.shape[4 - nd:])

@@ -215,12 +215,14 @@ def write_rwkv_cpp(path, tensors: dict, *, version: int = 101, n_layer: int | No
     n_layer, data_type), then per tensor dim_count, key_length, data_type, ne (fastest first), the name and the
     data. `tensors`: rwkv.cpp's stored names and layouts (rwkv_cpp_tensors), f32 / f16 arrays or QTensors."""
     import struct
+
+    from refimpl import QTensor
     path = pathlib.Path(path)
     V, C = np.shape(tensors["emb.weight"])
     L = n_layer if n_layer is not None else len({k.split(".")[1] for k in tensors if k.startswith("blocks.")})
     out = [struct.pack("<6I", RWKV_CPP_MAGIC, version, V, C, L, data_type)]
     for name, x in tensors.items():
-        if hasattr(x, "data") and hasattr(x, "type") and not isinstance(x, np.ndarray):     # a QTensor
+        if isinstance(x, QTensor):
             code, raw = RWKV_CPP_CODES[x.type.name.upper()], np.ascontiguousarray(x.data)
         else:
             code, raw = (0 if x.dtype == np.float32 else 1), np.ascontiguousarray(x)
