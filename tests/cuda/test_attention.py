@@ -2,9 +2,11 @@
 simulator (tests/cuda/conftest.py), and its PTX for a real GPU (cc 9.0).
 
 The kernel computes in f32 (dots, exp, sums, the rescaled accumulator) where the reference computes in f64
-and rounds once, so results are held to the ("flash_attn_ext", "f32", "property") tolerance, the bound for
-f32 roundings of scores and probabilities (NMSE 1e-12; these cases measure ~1e-14). Outputs the reference
-defines as exactly 0 (every key masked) must be exactly 0. Inputs the kernel does not cover run the
+and rounds once, so every element is held to the ("flash_attn_ext", "f32", "f32-online") bound, derived
+from the kernel's roundings and its tile of BK kv positions (refimpl/tolerances.py: _flash_attn_bound). NMSE
+is no bound here: a weighted mean of values that nearly cancel (one output per row at head_dim 1) has a
+relative error as large as the cancellation makes it. Outputs the reference defines as exactly 0 (every key
+masked) must be exactly 0. Inputs the kernel does not cover run the
 reference itself: identical bits, identical errors.
 """
 import os
@@ -14,17 +16,19 @@ import sys
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from tests._profiles import examples
 
 from refimpl import GGMLShapeError
 from refimpl.kernels.cuda import _device
 from refimpl.kernels.cuda.attention import BK, MAX_D
 from refimpl.ops.attention import flash_attn_ext
 from refimpl.qtensor import quantize
-from refimpl.testing import assert_bits_equal, assert_nmse, tol
+from refimpl.testing import assert_bits_equal, nmse, tol
+from refimpl.testing.golden import check_values
 
 pytestmark = pytest.mark.equivalence
 
-NMSE = tol("flash_attn_ext", "f32", "property").nmse
+TOL = tol("flash_attn_ext", "f32", "f32-online")
 
 
 def _qkv(rng, S, H, HKV, N, NKV, DK, DV, kt=np.float16, vt=np.float16):
@@ -46,7 +50,8 @@ def _check(args, what):
     got = _device.to_host(got)
     ref = flash_attn_ext.reference(*args)
     assert got.shape == ref.shape and got.dtype == np.float32, what
-    assert_nmse(got, ref, NMSE, what)
+    host = [_device.to_host(a) if _device.is_device(a) else a for a in args]
+    check_values(got, ref, TOL, what, bound=TOL.bound(*host, tile=BK))
     zero = ref == 0
     assert np.all(got[zero] == 0), f"{what}: the reference's exact zeros (masked rows) are not zero"
     return got, ref
@@ -131,7 +136,7 @@ def test_device_inputs():
     assert_bits_equal(dev, host, "device inputs")
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 @given(N=st.integers(1, 2), NKV=st.integers(1, 2 * BK + 3), D=st.sampled_from([1, 3, 32, 64]),
        heads=st.sampled_from([(1, 1), (2, 1), (2, 2)]), types=st.sampled_from(["f16", "f32"]),
        masked=st.booleans(), seed=st.integers(0, 2**31))
@@ -143,6 +148,17 @@ def test_drawn(N, NKV, D, heads, types, masked, seed):
     q, k, v = _qkv(rng, 1, heads[0], heads[1], N, NKV, D, D, t, t)
     mask = _causal(N, NKV) if masked and NKV >= N else None
     _check((q, k, v, mask, D ** -0.5), f"N={N} NKV={NKV} D={D} heads={heads} {types}")
+
+
+def test_cancelling_values_head_dim_1():
+    """CI's drawn example (seed 1157): one query on 2 heads sharing a kv head, 34 f16 keys (a tile and 2),
+    head_dim 1. Each output is a weighted mean of 34 values in [-1, 1] that nearly cancel, so the kernel's
+    f32 roundings are large relative to the output (NMSE 1.8e-12) while every element stays within the
+    derived bound."""
+    rng = np.random.default_rng(1157)
+    q, k, v = _qkv(rng, 1, 2, 1, 1, 34, 1, 1)
+    got, ref = _check((q, k, v, None, 1.0), "N=1 NKV=34 D=1 heads=(2, 1) f16 seed 1157")
+    assert nmse(got, ref) > 1e-12, "no longer the cancelling case an NMSE of 1e-12 rejected"
 
 
 def test_uncovered_inputs_run_reference():
