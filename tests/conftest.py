@@ -6,17 +6,11 @@ import sys
 if os.environ.get("REFIMPL_CUDA_REAL") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
-# "dev" is quick; "ci" (selected by CI=true or HYPOTHESIS_PROFILE=ci) draws more. The rare blocks (ties,
-# outliers, f16 overflow, subnormals) need no long runs: every drawn tensor holds many blocks, each of a kind
-# drawn from all twelve (refimpl.testing.strategies), so 150 examples meet each kind for every type many times;
-# at 300 the suite no longer fitted CI's hour.
-settings.register_profile("dev", max_examples=40, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("ci", max_examples=150, deadline=None, derandomize=False,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+from tests._profiles import PROFILE
+
+settings.load_profile(PROFILE)
 
 import pytest
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests._profiles import examples
 
 import refimpl
 from refimpl import dequantize
@@ -117,14 +118,14 @@ def _check_mul_mat_fast(t, a, b):
         assert_within_fast_bound(fast, exact, s, k, f"mul_mat {t} a{a.shape} b{b.shape} {be}")
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(case=mul_mat_cases(decode=True))
 def test_mul_mat_fast_decode_within_bound(case):
     """<= DECODE_ROWS rows of b per weight matrix (the fused decode kernels), 2-D and batched weights."""
     _check_mul_mat_fast(*case)
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(case=mul_mat_cases(decode=False))
 def test_mul_mat_fast_prefill_within_bound(case):
     """More rows of b per weight matrix (f32 BLAS tiles), 2-D and batched weights."""
@@ -181,7 +182,7 @@ def mul_mat_id_cases(draw):
     return t, _weight(t, w), b, ids
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(case=mul_mat_id_cases())
 def test_mul_mat_id_fast_within_bound(case):
     t, as_, b, ids = case

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from tests._profiles import examples
 
 from refimpl.tokenizers.rwkv import RWKVTokenizer, escape_token, unescape_token
 from refimpl.tokenizer import from_gguf
 
 pytestmark = pytest.mark.golden
 
-EXAMPLES = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NORMAL, CONTROL, UNUSED = 1, 3, 5
 
 

@@ -2,6 +2,7 @@
 import pytest
 import numpy as np
 from hypothesis import given, settings, strategies as st
+from tests._profiles import examples
 
 import refimpl
 from refimpl import QTensor
@@ -14,7 +15,7 @@ ALL = [t for t in type_traits if t not in (refimpl.GGMLType.I64,)]
 
 
 @given(data=st.data())
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 def test_tensors_have_ggml_shapes_types_and_views(data):
     t = data.draw(st.sampled_from(ALL))
     x = data.draw(tensors(types=[t]))
@@ -32,7 +33,7 @@ def test_tensors_include_non_contiguous_views():
     seen = set()
 
     @given(tensors(types=["f32"], max_dims=3))
-    @settings(max_examples=200)
+    @settings(max_examples=examples(200))
     def collect(x):
         seen.add(x.flags.c_contiguous)
     collect()
@@ -78,7 +79,7 @@ def test_op_case_values_shrink_too():
 
 @given(tensors(types=["f32"], min_dims=2, max_dims=3, min_value=-2, max_value=2,
                elements=st.sampled_from([-2.0, 0.0, 2.0])))
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 def test_hnp_style_arguments(x):
     assert 2 <= x.ndim <= 3 and np.all(np.abs(x) <= 2)
 
@@ -86,7 +87,7 @@ def test_hnp_style_arguments(x):
 @given(x=tensors(types=st.sampled_from(["f16", "q8_0"]), min_dims=2, max_dims=2, min_ne0=5, max_ne0=6, min_ne=3,
                  max_ne=3, min_blocks=2, max_blocks=2, views=False),
        rows=block_rows(st.just("q4_0"), min_rows=2, max_rows=2, min_blocks=3, max_blocks=3))
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 def test_min_max_pairs_and_strategy_arguments(x, rows):
     """hnp's conventions: min_/max_ pairs for every size, and a strategy wherever a type is asked for."""
     if isinstance(x, QTensor):

@@ -15,6 +15,7 @@ import warnings
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests._profiles import examples
 
 import refimpl.fetch
 from refimpl.tokenizers.wordpiece import WordPieceTokenizer, from_hf_dir
@@ -32,7 +33,7 @@ def _minilm_present():
     if not (MINILM / "tokenizer.json").is_file():
         pytest.fail(f"all-MiniLM-L6-v2 is not in {MINILM}: refimpl fetch minilm (scripts/test.sh does)")
 
-EXAMPLES = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 HARD = [
     "", " ", "   \t\n  ", "Hello, world!", "unaffable", "Héllo Wörld, ça va? Ångström naïve façade",
@@ -136,7 +137,7 @@ def test_hard_sentences_match_tokenizers(tok, gguf_tok, hf, s):
     assert tok.tokenize(s) == hf.encode(s, add_special_tokens=False).tokens
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s=text)
 def test_any_text_matches_tokenizers(tok, gguf_tok, hf, s):
     ids = hf.encode(s).ids
@@ -157,7 +158,7 @@ def test_parse_special_false_matches_tokenizers(tok, hf, s):
 
 @pytest.mark.parametrize("lower,strip,chinese", [(False, False, True), (False, None, False), (True, False, True),
                                                  (False, True, True), (True, True, False)])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(s=text)
 def test_normalizer_options_match_tokenizers(lower, strip, chinese, s):
@@ -167,7 +168,7 @@ def test_normalizer_options_match_tokenizers(lower, strip, chinese, s):
     assert ours.encode(s) == hf.encode(s).ids
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s=st.text(alphabet=st.characters(max_codepoint=127), max_size=80))
 def test_ascii_text_matches_tokenizers(tok, gguf_tok, hf, s):
     assert tok.encode(s) == gguf_tok.encode(s) == hf.encode(s).ids

@@ -10,6 +10,7 @@ leave a partial CUDA block (thread counts not multiples of 256 or of the warp si
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from tests._profiles import examples
 
 import refimpl
 from refimpl.kernels.cuda import _device
@@ -72,7 +73,7 @@ def test_every_type_is_registered():
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: traits(t).name)
-@settings(max_examples=3)
+@settings(max_examples=examples(3))
 @given(data=st.data())
 def test_dequantize_random_bytes(t, data):
     """refimpl.dequantize under backend("cuda") == the NumPy path, on 1..3 rows of 1..3 random blocks."""

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from tests._profiles import examples
 
 from refimpl import GGMLShapeError
 from refimpl.kernels.cuda import _device
@@ -73,7 +74,7 @@ def test_identical_bits(op, args, S, H, T, n_seqs):
     assert_bits_equal(_device.to_host(got), op.reference(*a), f"{op.__name__} S={S} H={H} T={T} n_seqs={n_seqs}")
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(S=st.integers(1, 40), H=st.integers(1, 2), tps=st.integers(1, 3), n_seqs=st.integers(1, 2),
        seed=st.integers(0, 2**31), wkv7=st.booleans())
 def test_identical_bits_drawn(S, H, tps, n_seqs, seed, wkv7):

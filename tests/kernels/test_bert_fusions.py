@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from tests._profiles import examples  # noqa: E402
 
 import refimpl  # noqa: E402
 import refimpl.kernels  # noqa: E402
@@ -52,7 +53,7 @@ def tails(draw):
     return y, bias, res, w, b, eps
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(case=tails())
 def test_add_norm_affine_has_the_op_sequence_bits(case):
     got = add_norm_affine(*case)
@@ -73,7 +74,7 @@ def test_add_norm_affine_declines_what_it_does_not_cover():
 
 
 @pytest.mark.parametrize("act", [True, False])
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(rows=st.integers(1, 30), n=st.sampled_from([1, 5, 16, 31, 64, 1536]), seed=st.integers(0, 2 ** 32 - 1),
        sd=st.sampled_from([0.1, 3.0, 30.0]), special=st.booleans())
 def test_bias_gelu_has_the_op_sequence_bits(act, rows, n, seed, sd, special):

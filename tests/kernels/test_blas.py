@@ -16,6 +16,7 @@ import pytest
 numba = pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from tests._profiles import examples  # noqa: E402
 
 from refimpl.kernels import _common, blas, mkl  # noqa: E402
 from tests.test_numerics_fast import assert_within_fast_bound  # noqa: E402
@@ -43,7 +44,7 @@ def _case(rng, m, n, k, pad):
 
 
 @needs_mkl
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(m=st.integers(1, 200), n=st.integers(1, 200), k=st.integers(1, 400), pad=st.integers(0, 4),
        seed=st.integers(0, 2 ** 32 - 1))
 def test_split_products_keep_the_bits_of_one_call(m, n, k, pad, seed):
@@ -124,7 +125,7 @@ def test_a_split_product_in_a_forked_child():
     assert np.array_equal(got.view(np.uint32), parent.view(np.uint32))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(m=st.integers(1, 200), n=st.integers(1, 700), k=st.integers(1, 300), batch=st.sampled_from([(), (1, 3)]),
        seed=st.integers(0, 2 ** 16))
 def test_matmul_t_has_the_bits_of_one_call(m, n, k, batch, seed):

@@ -16,6 +16,7 @@ pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is 
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from tests._profiles import examples  # noqa: E402
 
 import refimpl  # noqa: E402
 from refimpl.kernels import faithful as kf  # noqa: E402
@@ -65,7 +66,7 @@ def test_every_kernel_is_dispatched():
 
 
 @pytest.mark.parametrize("t", TYPES, ids=_name)
-@settings(max_examples=N)
+@settings(max_examples=examples(N))
 @given(data=st.data())
 def test_kernel_bits_equal_numpy(t, data):
     a, b, name = data.draw(faithful_cases(t))
@@ -90,7 +91,7 @@ def test_kernel_threads(t):
     assert_same_bits(got, ref, f"{_name(t)} threaded")
 
 
-@settings(max_examples=N)
+@settings(max_examples=examples(N))
 @given(data=st.data())
 def test_mul_mat_id_kernel_bits_equal_numpy(data):
     """mul_mat_id's faithful path dots through the same kernels (matmul._dots), expert by expert."""
@@ -149,7 +150,7 @@ def test_kernel_bits_equal_ggml(ggml, t):
 # -- the activation conversion -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("t", [GGMLType.Q8_0, GGMLType.Q8_1], ids=_name)
-@settings(max_examples=N)
+@settings(max_examples=examples(N))
 @given(x=block_rows(GGMLType.Q8_0, max_rows=4, max_blocks=8))
 def test_q8_cpu_quantizer_bytes(t, x):
     ref_fn = get_quantizer(t, "cpu")

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
 
 from hypothesis import assume, given, settings, strategies as st  # noqa: E402
+from tests._profiles import examples  # noqa: E402
 
 import refimpl  # noqa: E402
 import refimpl.kernels  # noqa: E402
@@ -76,7 +77,7 @@ def attention_cases(draw):
     return q, k, v, mask, float(scale)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(case=attention_cases())
 def test_mha_fast_is_its_contract_bit_for_bit(case):
     q, k, v, mask, scale = case
@@ -88,7 +89,7 @@ def test_mha_fast_is_its_contract_bit_for_bit(case):
                       f"mask {None if mask is None else (mask.shape, mask.dtype)}")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(case=attention_cases())
 def test_mha_fast_qkv_reads_the_planes_of_one_product(case):
     """A fused Q/K/V product's output (S, T, 3, H, D): mha_fast_qkv on it gives mha_fast's bits on the

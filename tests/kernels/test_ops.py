@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from tests._profiles import examples  # noqa: E402
 
 import refimpl  # noqa: E402
 import refimpl.kernels  # noqa: E402
@@ -60,7 +61,7 @@ def _check(case):
 
 
 @pytest.mark.parametrize("op", OPS_WITH_KERNELS)
-@settings(max_examples=N)
+@settings(max_examples=examples(N))
 @given(data=st.data())
 def test_kernel_matches_reference(op, data):
     _check(data.draw(op_cases(op)))
@@ -151,7 +152,7 @@ def test_gelu_vector_lookup_every_f16_and_bit_pattern(n):
     assert_bits_equal(got, ref, f"gelu on {n} values")
 
 
-@settings(max_examples=N)
+@settings(max_examples=examples(N))
 @given(data=st.data())
 def test_set_rows_kernel_is_the_reference(data):
     """The KV-cache scatter (set_rows into an f32/f16 array, one batch) in Numba: the reference's bytes for

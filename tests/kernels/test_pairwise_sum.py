@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from tests._profiles import examples  # noqa: E402
 from numba import njit  # noqa: E402
 
 from refimpl.kernels._common import pairwise_sum_f64  # noqa: E402
@@ -32,7 +33,7 @@ def _same(a: float, b: float) -> bool:
     return (a != a and b != b) or np.float64(a).view(np.uint64) == np.float64(b).view(np.uint64)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(n=st.one_of(st.integers(0, 300), st.integers(300, 8192)), lo=st.integers(0, 9),
        dtype=st.sampled_from([np.float32, np.float64]), strided=st.booleans(), seed=st.integers(0, 2**32 - 1),
        special=st.sampled_from([None, np.nan, np.inf, -np.inf]))

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("numba", reason="numba is not installed: refimpl.kernels is Numba code")
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from tests._profiles import examples  # noqa: E402
 
 import refimpl  # noqa: E402
 from refimpl.kernels import quantize as kq  # noqa: E402
@@ -35,7 +36,7 @@ def _numpy(fn, *args):
 
 
 @pytest.mark.parametrize("t", DECODE_TYPES, ids=lambda t: t.name)
-@settings(max_examples=N)
+@settings(max_examples=examples(N))
 @given(data=st.data())
 def test_dequantize_bits(t, data):
     raw = data.draw(block_bytes(t, max_rows=4, max_blocks=8))
@@ -114,7 +115,7 @@ def test_dequantize_in_a_forked_child():
 
 
 @pytest.mark.parametrize("case", QUANT_CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
-@settings(max_examples=N)
+@settings(max_examples=examples(N))
 @given(data=st.data())
 def test_quantize_bytes(case, data):
     t, method = case

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests._profiles import examples
 
 from refimpl.ops import GGMLShapeError
 from refimpl.ops.conv import (POOL_AVG, POOL_MAX, SCALE_FLAG_ALIGN_CORNERS, SCALE_MODE_BILINEAR, SCALE_MODE_NEAREST,
@@ -49,7 +50,7 @@ conv_params = st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(0, 2),
                         st.integers(1, 2), st.integers(1, 2))
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(seed=seeds, prm=conv_params, kh=st.integers(1, 3), kw=st.integers(1, 3), f16=st.booleans())
 def test_conv_2d_is_a_direct_convolution(seed, prm, kh, kw, f16):
     """conv_2d (im2col + mul_mat), conv_2d_direct and a textbook loop agree (f16 kernels see f16 data)."""
@@ -63,7 +64,7 @@ def test_conv_2d_is_a_direct_convolution(seed, prm, kh, kw, f16):
     _close(conv_2d_direct(w, x, s0, s1, p0, p1, d0, d1), want, "conv_2d_direct")
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, prm=conv_params)
 def test_depthwise_convs_are_per_channel_convolutions(seed, prm):
     s0, s1, p0, p1, d0, d1 = prm
@@ -78,7 +79,7 @@ def test_depthwise_convs_are_per_channel_convolutions(seed, prm):
     _close(conv_2d_dw(w16, x, s0, s1, p0, p1, d0, d1), want16, "conv_2d_dw")
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, s=st.integers(1, 3), p=st.integers(0, 2), d=st.integers(1, 2), k=st.integers(1, 4))
 def test_conv_1d_is_a_2d_convolution_of_height_one(seed, s, p, d, k):
     rng = np.random.default_rng(seed)
@@ -100,7 +101,7 @@ def test_conv_1d_batches_are_independent():
         assert np.array_equal(out[n], conv_1d(w, x[n:n + 1], 1, 1, 1)[0])
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(seed=seeds, s=st.integers(1, 2), p=st.integers(0, 1), d=st.integers(1, 2), f16=st.booleans())
 def test_conv_3d_matches_conv_3d_direct_and_conv_2d_at_depth_one(seed, s, p, d, f16):
     rng = np.random.default_rng(seed)
@@ -113,7 +114,7 @@ def test_conv_3d_matches_conv_3d_direct_and_conv_2d_at_depth_one(seed, s, p, d, 
     _close(a.reshape(N, OC, *a.shape[-2:]), want, "conv_3d vs conv_2d")
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, prm=conv_params, two_d=st.booleans())
 def test_im2col_back_is_the_adjoint_of_im2col(seed, prm, two_d):
     """<im2col(x), g> == <x, im2col_back(g)> for every x, g."""
@@ -140,7 +141,7 @@ def test_im2col_3d_is_im2col_at_depth_one():
     assert np.array_equal(a, b)
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, K=st.integers(1, 6), oc=st.integers(1, 3), T=st.integers(1, 9), s=st.integers(1, 4))
 def test_col2im_1d_is_the_transposed_convolution_tail(seed, K, oc, T, s):
     """col2im_1d(columns) with p0 = 0 is conv_transpose_1d once the columns are the per-tap products."""
@@ -151,7 +152,7 @@ def test_col2im_1d_is_the_transposed_convolution_tail(seed, K, oc, T, s):
     _close(col2im_1d(cols.reshape(T, oc * K), s, oc, 0), conv_transpose_1d(w, x, s), "col2im_1d")
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, s=st.integers(1, 3), K=st.integers(1, 4))
 def test_conv_transpose_1d_is_the_adjoint_of_a_strided_convolution(seed, s, K):
     """<conv_transpose_1d(w, y), x> == <y, conv(w^T, x)> with the strided correlation written out."""
@@ -165,7 +166,7 @@ def test_conv_transpose_1d_is_the_adjoint_of_a_strided_convolution(seed, s, K):
     assert abs(np.sum(out * x) - np.sum(y * fwd)) <= 1e-5 * (1 + np.abs(fwd).sum())
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(seed=seeds, s=st.integers(1, 3))
 def test_conv_transpose_2d_is_separable_to_1d(seed, s):
     """A kernel of height 1 over data of height 1 is conv_transpose_1d."""
@@ -181,7 +182,7 @@ def test_conv_transpose_rejects_padding():
 
 # -- pooling ------------------------------------------------------------------------------------------
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, op=st.sampled_from([POOL_MAX, POOL_AVG]))
 def test_pools_of_size_one_are_the_identity(seed, op):
     rng = np.random.default_rng(seed)
@@ -190,7 +191,7 @@ def test_pools_of_size_one_are_the_identity(seed, op):
     assert np.array_equal(pool_1d(x, op, 1, 1, 0), x)
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, k=st.integers(1, 4), s=st.integers(1, 3), p=st.integers(0, 3))
 def test_pool_avg_padding_rules_differ_between_1d_and_2d(seed, k, s, p):
     """pool_1d AVG divides by the in-range count, pool_2d AVG by k0*k1 (padding counted as zeros)."""
@@ -214,7 +215,7 @@ def test_pool_max_of_an_all_padding_window_is_minus_flt_max():
     assert out[0, 0] == -np.finfo(np.float32).max and out[0, 2] == 1
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, k=st.integers(1, 3), s=st.integers(1, 3), p=st.integers(0, 1))
 def test_pool_2d_back_avg_is_the_adjoint_of_pool_2d_avg(seed, k, s, p):
     rng = np.random.default_rng(seed)
@@ -225,7 +226,7 @@ def test_pool_2d_back_avg_is_the_adjoint_of_pool_2d_avg(seed, k, s, p):
     assert abs(np.sum(y.astype(np.float64) * g) - np.sum(x.astype(np.float64) * back)) <= 1e-5 * x.size
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, k=st.integers(1, 3), s=st.integers(1, 3))
 def test_pool_2d_back_max_routes_each_gradient_to_its_maximum(seed, k, s):
     rng = np.random.default_rng(seed)
@@ -239,7 +240,7 @@ def test_pool_2d_back_max_routes_each_gradient_to_its_maximum(seed, k, s):
 
 # -- resampling and embeddings ----------------------------------------------------------------------
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, sf=st.integers(2, 4))
 def test_nearest_integer_upscale_is_repeat(seed, sf):
     rng = np.random.default_rng(seed)
@@ -249,7 +250,7 @@ def test_nearest_integer_upscale_is_repeat(seed, sf):
     assert np.array_equal(interpolate(x, 5 * sf, 4 * sf, 3, 2, SCALE_MODE_NEAREST), want)
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, mode=st.sampled_from([SCALE_MODE_BILINEAR, SCALE_MODE_BILINEAR | SCALE_FLAG_ALIGN_CORNERS, 2]))
 def test_same_size_interpolation_is_the_identity(seed, mode):
     rng = np.random.default_rng(seed)
@@ -265,7 +266,7 @@ def test_align_corners_keeps_the_corners():
                        **tol("interpolate", "f32", "corners").allclose())
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=seeds, dim=st.integers(1, 40))
 def test_timestep_embedding_is_on_the_unit_circle(seed, dim):
     rng = np.random.default_rng(seed)

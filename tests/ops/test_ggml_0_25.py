@@ -3,6 +3,7 @@ test-backend-ops against ggml 0.25.3 itself is tests/rpc/test_backend_ops.py).""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from tests._profiles import examples
 
 import refimpl
 from refimpl import GGMLShapeError, QTensor, dequantize, quantize
@@ -50,7 +51,7 @@ def test_bf16_glu_has_the_shape_and_type_of_its_f32_form(op):
     np.testing.assert_allclose(dequantize(out), ref, **tol("glu", "bf16", "vs-f32").allclose())
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 5), k=st.sampled_from([1, 7, 32, 100]))
 def test_mul_mat_of_f32_weights_by_f16_or_bf16_rows_is_the_widened_product(seed, m, k):
     """ggml 0.25.3 widens f16/bf16 activations exactly to f32 for an f32 weight: the same bits as passing the
@@ -99,7 +100,7 @@ def test_get_rows_back_reads_the_first_rows_of_a_longer_gradient():
     np.testing.assert_array_equal(get_rows_back(grad, rows, (5, 16)), get_rows_back(grad[:2], rows, (5, 16)))
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(seed=st.integers(0, 2**32 - 1), limit=st.sampled_from([0.5, 1.0, 7.0]))
 def test_swiglu_clamp_is_silu_of_the_capped_gate_times_the_clamped_up(seed, limit):
     """Against the math in f64: |error| within a few f32 roundings of the f32 steps."""

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests._profiles import examples
 
 import refimpl
 from refimpl import dequantize
@@ -26,7 +27,7 @@ def _close(actual, expected, what, key):
     assert_nmse(actual, expected, tol(key, "*", "property").nmse, what)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(t=st.sampled_from(WEIGHT_TYPES), seed=seeds, n=st.integers(1, 40), m=st.integers(1, 5))
 def test_mul_mat_is_dequantize_then_matmul(t, seed, n, m):
     """The exact-mode contract: weights dequantized exactly, f64 dot products, one rounding."""
@@ -39,7 +40,7 @@ def test_mul_mat_is_dequantize_then_matmul(t, seed, n, m):
     _close(mul_mat(a, b), want, f"{t.name} n={n} m={m}", "mul_mat")
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(t=st.sampled_from([GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.F16, GGMLType.F32]), seed=seeds,
        tile=st.integers(1, 7))
 def test_mul_mat_tiles_do_not_change_the_result(t, seed, tile):
@@ -104,7 +105,7 @@ def test_mul_mat_shape_errors_name_both_orders():
         mul_mat(np.ones((8, 3), np.float32).T, np.ones((2, 8), np.float32))
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(t=st.sampled_from([GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.IQ4_XS]),
        seed=seeds, n_used=st.integers(1, 4), bcast=st.booleans())
 def test_mul_mat_id_is_mul_mat_per_token(t, seed, n_used, bcast):
@@ -131,7 +132,7 @@ def test_mul_mat_id_rejects_bad_ids():
         mul_mat_id(as_, np.ones((4, 2, 8), np.float32), np.zeros((4, 3), np.int32))
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(seed=seeds, m=st.integers(1, 9), n=st.integers(1, 9), k=st.integers(1, 40), r=st.integers(1, 3),
        t=st.sampled_from([GGMLType.F32, GGMLType.Q8_0, GGMLType.Q4_K]))
 def test_out_prod_is_transposed_mul_mat(seed, m, n, k, r, t):
@@ -155,7 +156,7 @@ def test_out_prod_rejects_what_ggml_cpu_aborts_on():
         out_prod(q, np.ones((2, 4, 2), np.float32))
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(seed=seeds, n=st.integers(1, 30), k=st.integers(1, 6), B=st.integers(1, 3))
 def test_solve_tri_solves(seed, n, k, B):
     """A X = B with A's lower triangle (its upper triangle is never read)."""

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests._profiles import examples
 
 from refimpl.kernels.ggml.matmul import SUPPORTED
 from refimpl.ops.matmul import VEC_DOT_TYPE, mul_mat
@@ -198,7 +199,7 @@ def faithful_cases(draw, t: GGMLType):
 def test_mul_mat_faithful_is_bit_exact(ggml, t):
     assert tol("mul_mat", _name(t), "ggml-faithful").exact
 
-    @settings(max_examples=EXAMPLES)
+    @settings(max_examples=examples(EXAMPLES))
     @given(case=faithful_cases(t))
     def check(case):
         a, b, name = case
@@ -248,7 +249,7 @@ def test_mul_mat_id_faithful_is_bit_exact(ggml):
     from refimpl.ops.matmul import mul_mat_id
     from refimpl.testing.cases.matmul import mul_mat_id_cases
 
-    @settings(max_examples=2 * EXAMPLES)
+    @settings(max_examples=examples(2 * EXAMPLES))
     @given(case=mul_mat_id_cases(tuple(TYPES)))
     def check(case):
         with np.errstate(all="ignore"):
@@ -276,7 +277,7 @@ def test_row_op_faithful_is_bit_exact(ggml, op):
     for case in named_cases(op):
         check_case(case)
 
-    @settings(max_examples=EXAMPLES)
+    @settings(max_examples=examples(EXAMPLES))
     @given(case=op_cases(op))
     def check(case):
         check_case(case)

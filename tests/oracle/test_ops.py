@@ -7,6 +7,7 @@ import os
 
 import pytest
 from hypothesis import given, settings
+from tests._profiles import examples
 
 from refimpl.testing.cases import named_cases, op_cases, ops_with_cases, ops_with_named
 from refimpl.testing.golden import compare
@@ -22,7 +23,7 @@ OP_EXAMPLES = int(os.environ.get("REFIMPL_OP_EXAMPLES", "100" if os.environ.get(
 
 @pytest.mark.parametrize("op", ops_with_cases())
 def test_op_matches_ggml(ggml, op):
-    @settings(max_examples=OP_EXAMPLES)
+    @settings(max_examples=examples(OP_EXAMPLES))
     @given(case=op_cases(op))
     def check(case):
         compare(case, case.run(), case.run_ggml())

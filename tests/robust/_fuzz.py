@@ -21,7 +21,7 @@ import time
 import tracemalloc
 from collections import Counter, defaultdict
 
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+from tests._profiles import EXPLORE_FACTOR, PROFILE
 
 # test name -> Counter(outcome -> cases), and seconds spent in the cases
 COUNTS: dict[str, Counter] = defaultdict(Counter)
@@ -30,8 +30,9 @@ CHILDREN: Counter = Counter()   # test name -> cases also run in a forked child
 
 
 def examples(ci: int) -> int:
-    """max_examples for a fuzz test: `ci` under the ci profile, a tenth of it (at least 20) otherwise."""
-    return ci if PROFILE == "ci" else max(20, ci // 10)
+    """max_examples for a fuzz test: `ci` under the ci profile, EXPLORE_FACTOR times it under explore, a
+    tenth of it (at least 20) under dev."""
+    return ci if PROFILE == "ci" else ci * EXPLORE_FACTOR if PROFILE == "explore" else max(20, ci // 10)
 
 
 CHILD_EVERY = 4               # the first of every CHILD_EVERY cases of a test also runs in a child

@@ -26,6 +26,7 @@ import warnings
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from tests._profiles import examples
 
 import refimpl
 from refimpl.shapes import GGMLShapeError
@@ -36,7 +37,7 @@ from ._fuzz import PROFILE, SECONDS, record
 
 pytestmark = pytest.mark.property
 
-EXAMPLES = 25 if PROFILE == "ci" else 4
+EXAMPLES = 4 if PROFILE == "dev" else 25
 
 # Ops whose result is defined on the input's memory, not its values: ggml_view takes byte strides and an
 # offset into its source's buffer, so a non-contiguous source legitimately gives other elements. For these
@@ -243,7 +244,7 @@ BACKENDS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(not HAS_NUMB
 def test_op_rejects_or_computes_hostile_inputs(op, backend):
     problems: list[str] = []
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=examples(EXAMPLES), deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(case=op_cases(op))
     def check(case):
