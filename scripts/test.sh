@@ -9,6 +9,7 @@ bash scripts/setup.sh test,tokenizers,numba,notebooks,docs,mkl || exit 1
 .venv/bin/refimpl fetch gemma3 >/dev/null || exit 1
 # llama.cpp's test-backend-ops, test-llama-archs and ggml-rpc-server (ggml 0.25.3, RPC on), cached outside the repo
 bash scripts/build_llamacpp.sh >/dev/null || exit 1
+# ci: derandomized, the same examples on every run of a commit (tests/_profiles.py; explore draws new ones)
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 if [ "$#" -gt 0 ]; then
   .venv/bin/python -m pytest "$@"
