@@ -400,13 +400,30 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
         bound=lambda sx, c: _ssm_conv_bound(sx, c, sides=1),
         why="vs f64 np.convolve: d_conv products rounded to f32 and summed in f32, within gamma_d_conv sum|x c| "
             "(an NMSE of 1e-10 failed a drawn one-output row whose 3 terms cancel: 1.1e-10)"),
-    ("ssm_scan", "f32", "property"): Tol(nmse=1e-9, why="vs the f64 recurrence (measured max 6.2e-12, dt in [-3, 3]): "
-                                         "ggml's softplus rounds 1 + expf(dt) to f32, ~1e-6 relative at dt = -3"),
-    ("rwkv_wkv6", "f32", "property"): Tol(nmse=1e-10, why="vs the f64 formula (measured max 5.3e-15): f32 state"),
-    ("rwkv_wkv4", "f32", "property"): Tol(nmse=1e-10, why="vs the f64 weighted average (measured max 8.6e-15)"),
-    ("gated_linear_attn", "f32", "property"): Tol(nmse=1e-10, why="vs the f64 formula (measured max 4.8e-15)"),
-    ("rwkv_wkv7", "f32", "property"): Tol(nmse=1e-10, why="vs the f64 formula (measured max 1.6e-14): f32 state"),
-    ("gated_delta_net", "f32", "property"): Tol(nmse=1e-10, why="vs the f64 delta rule (measured max 1.2e-14)"),
+    ("ssm_scan", "f32", "property"): Tol(
+        bound=lambda y_abs, steps, depth, per_step: _linear_recurrence_bound(y_abs, steps, depth, per_step),
+        why="vs the f64 recurrence on |s|, |x|, |B|, |C| (dt and A as they are): as rwkv's, with per_step "
+            "roundings a token = 5 + the decay's and the step's relative errors in ulps: ggml's softplus "
+            "log(fl(1 + expf(dt))) is off by <= 2u + u d absolute, so exp(d A) by 1 + |A|(2 + 2d) ulps and "
+            "x d B by 3 + 2/d (measured NMSE max 6.2e-12 on dt in [-3, 3]; no bound where states cancel)"),
+    **{(o, "f32", "property"): Tol(
+        bound=lambda y_abs, steps, depth: _linear_recurrence_bound(y_abs, steps, depth),
+        why="vs the f64 formula: an f32 state updated with at most depth + 5 roundings a token, decays in [0, 1], "
+            "so every output and state is within gamma_((steps + 1)(depth + 5)) of the same formula on |inputs| "
+            "(NMSE, measured ~1e-14, is no bound where a state's terms cancel)")
+       for o in ("rwkv_wkv6", "gated_linear_attn", "rwkv_wkv7")},
+    ("rwkv_wkv4", "f32", "property"): Tol(
+        bound=lambda k, v, w, u: _wkv4_bound(k, v, w, u),
+        why="vs the f64 weighted average: BlinkDL's rescaled form in f32 keeps each weight within a relative "
+            "expm1 of the exponents' roundings per token (|exponent| <= T|w| + max|k| + |u|, NumPy's f32 exp "
+            "<= 4 ulp), so each output within 2 eta max|v| (measured NMSE max 8.6e-15; no bound where the "
+            "values cancel)"),
+    ("gated_delta_net", "f32", "property"): Tol(
+        bound=lambda m_rows, v_abs, S: _delta_rule_bound(m_rows, v_abs, S),
+        why="vs the f64 delta rule: with |k| = 1, beta in [0, 1] and gates <= 1 each token's transition "
+            "M -> M g (I - beta k k^T) is a contraction, so a row's error grows by at most its own roundings, "
+            "gamma_(S+8) of the row's norm and |v| a token (measured NMSE max 1.2e-14; no bound where a row "
+            "cancels)"),
     # -- numerics="ggml" (refimpl/ops/faithful, docs/numerics.md) vs live ggml on the portable AVX2 build -----
     **{("mul_mat", t, "ggml-faithful"): Tol(exact=True, why="ggml-cpu's activation conversion and AVX2 vec_dot "
                                            "order (8-lane FMAs, its horizontal sums), FMA rounded once")
@@ -498,6 +515,54 @@ def _soft_max_back_bound(dy, y, scale):
     gamma = n * u / (1 - n * u)
     S = np.sum(np.abs(dy64 * y64), axis=-1, keepdims=True)
     return 2.0 * abs(scale) * np.abs(y64) * ((gamma + u) * S + 4 * u * (np.abs(dy64) + S))
+
+
+def _linear_recurrence_bound(y_abs, steps: int, depth: int, per_step: float = 5):
+    """|y - exact| per element of a linear recurrence run in f32 (RWKV 6 and 7, gated linear attention):
+    `y_abs` is the f64 formula evaluated on the inputs' absolute values (decays, already in [0, 1], as they
+    are), which bounds every intermediate sum, so each token's at most depth + per_step roundings (products,
+    the state's sums, the output's dot over `depth`) add u y_abs each and decays <= 1 carry them undamped:
+    gamma_n y_abs with n = (steps + 1)(depth + per_step), plus 2^-149 per rounding for subnormals; doubled."""
+    n = (steps + 1) * (depth + per_step)
+    u = 2.0 ** -24
+    return 2.0 * (n * u / (1 - n * u) * np.asarray(y_abs, np.float64) + n * 2.0 ** -149)
+
+
+def _wkv4_bound(k, v, w, u):
+    """|wkv - exact| per output (T, C) of rwkv_wkv4 from a fresh state: every exponent is within
+    R = T|w| + max|k| + |u| of 0 and picks up <= (T + 3) roundings of u R (pp carried over the tokens, u + k,
+    the subtraction), each exp 4 ulp, each carried weight 3 more roundings a token: every weight relatively
+    within H = expm1(T (log1p(eta) + 3u)); a weighted mean of values |v| <= V moves by <= 2 H V / (1 - H),
+    its division and rounding by 2u V, underflowed weights by 2^-149 each (the denominator is >= 1). Doubled."""
+    k, v, w, uu = (np.asarray(x, np.float64) for x in (k, v, w, u))
+    T = k.shape[0]
+    r = 2.0 ** -24
+    R = T * np.abs(w) + np.abs(k).max(axis=0, initial=0.0) + np.abs(uu)                  # (C,)
+    eta = np.expm1(2 * (T + 3) * r * R) + 4 * r
+    H = np.expm1(T * (np.log1p(eta) + 3 * r))
+    V = np.maximum.accumulate(np.abs(v), axis=0)                                          # (T, C)
+    return 2.0 * ((2 * H / (1 - H) + 2 * r) * V + 2 * T * 2.0 ** -149)
+
+
+def _delta_rule_bound(m_rows, v_abs, S: int):
+    """|out - exact| of gated_delta_net, flattened as its output: attention (n_seqs, n_tok, H, S) then the
+    final states (n_seqs, H, S, S). `m_rows` (n_seqs, H, n_tok + 1, S) are the exact 2-norms of the state's
+    rows (one per value index) before each token and after the last, `v_abs` (n_seqs, n_tok, H, S) |v|.
+    A token's transition M -> M g (I - beta k k^T) (gates <= 1, |k| = 1, beta in [0, 1]) does not grow a row's
+    error; its roundings (the decay, the dot M k over S, v - M k, beta, the outer product, the sum) add at
+    most 4 gamma_(S+8) P, P = |row| + |v_j| + the error so far. The output (M q)/sqrt(S) adds gamma_(S+2) of
+    |row|; |q| <= 1 + sqrt(S) u. Doubled."""
+    m_rows, v_abs = np.asarray(m_rows, np.float64), np.asarray(v_abs, np.float64)
+    n_seqs, H, n_tok1, _ = m_rows.shape
+    r = 2.0 ** -24
+    g = lambda n: n * r / (1 - n * r)                                    # noqa: E731
+    E = np.zeros((n_seqs, H, S))
+    attn = np.empty((n_seqs, n_tok1 - 1, H, S))
+    for t in range(n_tok1 - 1):
+        E = E + 4 * g(S + 8) * (m_rows[:, :, t] + v_abs[:, t] + E)
+        attn[:, t] = (E + g(S + 2) * (m_rows[:, :, t + 1] + E)) * (1 + np.sqrt(S) * r) / np.sqrt(S)
+    finals = np.broadcast_to(E[..., None], (n_seqs, H, S, S))
+    return 2.0 * (np.concatenate([attn.reshape(-1), finals.reshape(-1)]) + 2.0 ** -149)
 
 
 def _ssm_conv_bound(sx, c, *, sides: int):
