@@ -483,6 +483,11 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
 }
 
 
+def _gamma(n, u: float = 2.0 ** -24):
+    """gamma_n = n u / (1 - n u): the relative error of n roundings at unit roundoff u (Higham, sec. 3.1)."""
+    return n * u / (1 - n * u)
+
+
 def _solve_tri_bound(a, b):
     """|x_refimpl - x_ggml| per element for solve_tri(a, b) (A = tril(a), A x = b). ggml's f32 forward
     substitution x_i = fl(fl(b_i - sum_t A_it x_t) / A_ii) has a residual r = b - A x_hat with
@@ -494,7 +499,7 @@ def _solve_tri_bound(a, b):
     A = np.tril(np.asarray(a, np.float64))
     B = np.asarray(b, np.float64)
     n = A.shape[-1]
-    gamma = (n + 1) * u / (1 - (n + 1) * u)
+    gamma = _gamma(n + 1, u)
     with np.errstate(all="ignore"):
         X = np.linalg.solve(A, B)
         Ainv = np.abs(np.linalg.inv(A))
@@ -512,7 +517,7 @@ def _soft_max_back_bound(dy, y, scale):
     u = 2.0 ** -24
     dy64, y64 = np.asarray(dy, np.float64), np.asarray(y, np.float64)
     n = dy64.shape[-1]
-    gamma = n * u / (1 - n * u)
+    gamma = _gamma(n, u)
     S = np.sum(np.abs(dy64 * y64), axis=-1, keepdims=True)
     return 2.0 * abs(scale) * np.abs(y64) * ((gamma + u) * S + 4 * u * (np.abs(dy64) + S))
 
@@ -524,8 +529,7 @@ def _linear_recurrence_bound(y_abs, steps: int, depth: int, per_step: float = 5)
     the state's sums, the output's dot over `depth`) add u y_abs each and decays <= 1 carry them undamped:
     gamma_n y_abs with n = (steps + 1)(depth + per_step), plus 2^-149 per rounding for subnormals; doubled."""
     n = (steps + 1) * (depth + per_step)
-    u = 2.0 ** -24
-    return 2.0 * (n * u / (1 - n * u) * np.asarray(y_abs, np.float64) + n * 2.0 ** -149)
+    return 2.0 * (_gamma(n) * np.asarray(y_abs, np.float64) + n * 2.0 ** -149)
 
 
 def _wkv4_bound(k, v, w, u):
@@ -555,7 +559,7 @@ def _delta_rule_bound(m_rows, v_abs, S: int):
     m_rows, v_abs = np.asarray(m_rows, np.float64), np.asarray(v_abs, np.float64)
     n_seqs, H, n_tok1, _ = m_rows.shape
     r = 2.0 ** -24
-    g = lambda n: n * r / (1 - n * r)                                    # noqa: E731
+    g = _gamma
     E = np.zeros((n_seqs, H, S))
     attn = np.empty((n_seqs, n_tok1 - 1, H, S))
     for t in range(n_tok1 - 1):
@@ -575,8 +579,7 @@ def _ssm_conv_bound(sx, c, *, sides: int):
     d_conv, n_t = nc[0], ns[0] - nc[0] + 1
     x, w = np.abs(sx.reshape(ns[2], nc[1], ns[0])), np.abs(c.reshape(nc[1], nc[0]))
     total = sum(x[:, :, k:k + n_t] * w[None, :, k:k + 1] for k in range(d_conv))   # (n_s, d_inner, n_t)
-    u = 2.0 ** -24
-    b = sides * (d_conv * u / (1 - d_conv * u) * total + d_conv * 2.0 ** -149)
+    b = sides * (_gamma(d_conv) * total + d_conv * 2.0 ** -149)
     return np.ascontiguousarray(np.transpose(b, (0, 2, 1)))
 
 
@@ -603,7 +606,7 @@ def _flash_attn_bound(q, k, v, mask=None, scale=1.0, max_bias=0.0, logit_softcap
     v4 = f64(v).reshape(ne4(v.shape)[::-1])                              # (S, HV, NKV, DV)
     S, H, N, DK = q4.shape
     NKV = k4.shape[2]
-    g = lambda n: n * u / (1 - n * u)                                    # noqa: E731
+    g = lambda n: _gamma(n, u)                                           # noqa: E731
     with np.errstate(all="ignore"):
         kk = np.repeat(np.abs(k4), H // k4.shape[1], axis=1)
         A = np.einsum("shnd,shkd->shnk", np.abs(q4), kk).max(axis=-1, initial=0.0)[..., None]   # (S, H, N, 1)
