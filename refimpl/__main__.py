@@ -971,7 +971,7 @@ def _main(argv=None) -> int:
     s.add_argument("type", help="ggml type: q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, f16, bf16, ...")
     s.add_argument("--all", action="store_true", help="also quantize the embeddings (1-D tensors always stay)")
     s.set_defaults(fn=_cmd_quantize)
-    from . import check, compare
+    from . import check, compare, conformance
     s = sub.add_parser("serve", help="serve ggml's RPC protocol (7.0.0, ggml 0.25.3): llama.cpp --rpc and "
                        "test-backend-ops compute their graphs with refimpl's ops")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; the protocol has "
@@ -992,6 +992,7 @@ def _main(argv=None) -> int:
     s.set_defaults(fn=_cmd_serve)
     compare.add_parser(sub, _add_model_options)      # refimpl compare (refimpl/compare.py)
     check.add_parser(sub, _add_model_options)        # refimpl check (refimpl/check.py)
+    conformance.add_parser(sub)                      # refimpl conformance (refimpl/conformance.py)
     args = p.parse_args(argv)
     return args.fn(args)
 

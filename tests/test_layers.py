@@ -24,6 +24,7 @@ LAYER_OF = {
     "refimpl.models": "models", "refimpl.tokenizers": "models", "refimpl.tokenizer": "models",
     "refimpl.chat": "models", "refimpl.sampling": "models",
     "refimpl.compare": "tools", "refimpl.check": "tools", "refimpl.report": "tools", "refimpl.__main__": "tools",
+    "refimpl.conformance": "tools",
     "refimpl.rpc": "tools", "refimpl.convert": "tools", "refimpl.fetch": "tools", "refimpl.requantize": "tools",
     "refimpl.testing": "testing",
 }

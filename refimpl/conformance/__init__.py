@@ -1,0 +1,272 @@
+"""refimpl judges ggml: ggml's own test-backend-ops, with refimpl as the reference every backend is measured against.
+
+    refimpl conformance -b cpu [-o OPS] [-p REGEX] [--out DIR]
+
+test-backend-ops (llama.cpp's, from the llama-cpp-python 0.3.36 sdist, built by scripts/build_llamacpp.sh with
+scripts/patches/test-backend-ops-judge.patch) computes each case, on the same inputs, three ways: by the backend
+under test, by ggml-cpu in the reference mode test-backend-ops compares against today (`use_ref`), and by refimpl
+served over ggml's RPC protocol in exact numerics (RPC0). A second server in ggml numerics (RPC1) computes a case
+only where the others disagree, to tell "refimpl's two numerics differ here" apart from a wrong backend. The
+patch measures each side against refimpl with the case's own error function (NMSE for most ops) and writes one
+JSON line per case; this module turns those lines into verdicts (`verdict`), `DIR/cases.jsonl` and `DIR/report.md`.
+
+A verdict, per case (`budget` is ggml's own for the case):
+
+    agree            both sides within budget of refimpl, and of each other
+    backend wrong    the backend under test over budget against refimpl, ggml-cpu within it
+    ggml-cpu wrong   ggml-cpu over budget against refimpl, the backend within it
+    both wrong       both over budget against refimpl
+    undecided        refimpl's exact and ggml numerics differ by more than the budget there; the op's result is
+                     implementation-defined (argsort ties, top_k order); refimpl did not compute the node; or
+                     the two sides are each within budget of refimpl but not of each other
+
+A case ggml-cpu cannot run is judged on the backend alone (`cpu_supported` false: "checked for the first time").
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .verdicts import VERDICTS, ConformanceError, judge, read_cases, summarize, to_json, verdict  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
+SUBSETS = {"ci": Path(__file__).parents[1] / "data" / "conformance" / "ci.txt"}   # scripts/conformance_subset.py
+
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A ggml backend refimpl can judge: the build of test-backend-ops it needs (scripts/build_llamacpp.sh's
+    profile) and the device name test-backend-ops gives it."""
+    name: str
+    profile: str
+    device: str
+    about: str
+
+
+BACKENDS = {b.name: b for b in (
+    Backend("cpu", "portable", "CPU", "ggml-cpu, the portable AVX2 build llama.cpp's goldens use"),
+    Backend("cpu-native", "native", "CPU", "ggml-cpu built for this machine's own ISA (-DGGML_NATIVE=ON)"),
+    Backend("blas", "blas", "BLAS", "ggml-blas on OpenBLAS (Debian's libopenblas-dev)"),
+    Backend("vulkan", "vulkan", "Vulkan0", "ggml-vulkan on Mesa's lavapipe (Debian's mesa-vulkan-drivers)"),
+)}
+
+
+
+# --------------------------------------------------------------------------------------------- running
+
+def build(backend: Backend) -> Path:
+    """The directory of test-backend-ops built for `backend` (scripts/build_llamacpp.sh, cached)."""
+    script = REPO / "scripts" / "build_llamacpp.sh"
+    if not script.exists():
+        raise ConformanceError(f"{script} is missing: refimpl conformance runs from a source checkout")
+    p = subprocess.run(["bash", str(script), "--profile", backend.profile], capture_output=True, text=True)
+    if p.returncode != 0:
+        last = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        raise ConformanceError(f"building test-backend-ops for {backend.name} failed: "
+                               f"{last[-1] if last else 'no output'}")
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
+class _Server:
+    """`refimpl serve` in a child process on a free loopback port; its log in `log`."""
+
+    def __init__(self, numerics: str, log: Path, timeout: float = 120.0):
+        self.log = log
+        cmd = [sys.executable, "-m", "refimpl", "serve", "--port", "0", "--numerics", numerics]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            m = re.match(r"listening on (\S+):(\d+)", line)
+            if m:
+                self.endpoint = f"127.0.0.1:{m.group(2)}"
+                return
+        self.stop()
+        raise ConformanceError(f"the reference server (refimpl serve --numerics {numerics}) did not start: "
+                               f"see {log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _devices(bindir: Path, backend: Backend, env: dict) -> dict[str, str]:
+    """test-backend-ops' devices in this build, name -> description (the CPU's is its model name), asked of
+    test-backend-ops itself; fails with the list when the build has no `backend.device` (e.g. lavapipe absent)."""
+    found: dict[str, str] = {}
+    for dev in dict.fromkeys((backend.device, "CPU")):
+        p = subprocess.run([str(bindir / "test-backend-ops"), "support", "-b", dev, "-o", "NONE"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        for name, desc in re.findall(r"^Backend \d+/\d+: (\S+)\n(?:  Device description: (.*))?", p.stdout, re.M):
+            found[name] = desc or found.get(name, "")
+    if backend.device not in found:
+        hint = " (is Mesa's lavapipe installed? apt-get install mesa-vulkan-drivers)" if \
+            backend.name == "vulkan" else ""
+        raise ConformanceError(f"test-backend-ops built for {backend.name} has no device {backend.device}"
+                               f"{hint}; it has: {', '.join(n for n in found if not n.startswith('RPC')) or 'none'}")
+    return found
+
+
+def run(backend: str, ops: str | None = None, params: str | None = None, out: str | os.PathLike | None = None,
+        *, cases_file: str | os.PathLike | None = None, second_reference: bool = True,
+        progress=print) -> dict:
+    """Judge `backend` (a name of BACKENDS) on test-backend-ops' cases (`ops`: its -o, `params`: its -p, or
+    `cases_file`: one full case string per line); write DIR/raw.jsonl (the patch's lines), DIR/cases.jsonl (the
+    records), DIR/unsupported.txt (the cases the backend cannot run), DIR/report.md and DIR/meta.json; return the
+    summary (counts per verdict, seconds, the paths)."""
+    if backend not in BACKENDS:
+        raise ConformanceError(f"unknown backend {backend!r}; refimpl judges: {', '.join(BACKENDS)}")
+    if params is not None:
+        try:
+            re.compile(params)
+        except re.error as e:
+            raise ConformanceError(f"-p {params!r} is not a regular expression: {e}") from None
+    be = BACKENDS[backend]
+    if cases_file is not None:
+        wanted = [ln.strip() for ln in Path(cases_file).read_text().splitlines() if ln.strip()
+                  and not ln.startswith("#")]
+        bad = [c for c in wanted if not re.fullmatch(r"[A-Z0-9_]+\(.*\)", c)]
+        if bad:
+            raise ConformanceError(f"{cases_file}: {bad[0]!r} is not a test-backend-ops case string (OP(params))")
+        ops = ",".join(wanted)
+    out = Path(out) if out else Path(f"conformance-{backend}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    progress(f"conformance: building test-backend-ops for {backend} ({be.about})")
+    bindir = build(be)
+    servers = [_Server("exact", out / "serve-exact.log")]
+    try:
+        if second_reference:
+            servers.append(_Server("ggml", out / "serve-ggml.log"))
+        env = dict(os.environ, GGML_RPC_SERVERS=",".join(s.endpoint for s in servers),
+                   GGML_JUDGE_REF="RPC0", GGML_JUDGE_OUT=str(out / "raw.jsonl"))
+        if second_reference:
+            env["GGML_JUDGE_REF2"] = "RPC1"
+        if be.name == "vulkan":
+            env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")     # lavapipe is a CPU-type device, skipped unless named
+        devices = _devices(bindir, be, env)
+        raw_path = out / "raw.jsonl"
+        raw_path.unlink(missing_ok=True)
+        cmd = [str(bindir / "test-backend-ops"), "test", "-b", be.device]
+        if ops:
+            cmd += ["-o", ops]
+        if params:
+            cmd += ["-p", params]
+        progress(f"conformance: {be.device} against refimpl (exact, {servers[0].endpoint}) and ggml-cpu"
+                 + (f"; refimpl ggml numerics ({servers[1].endpoint}) where they disagree" if second_reference
+                    else ""))
+        log_path = out / "test-backend-ops.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            _follow(proc, raw_path, progress, t0)
+        records = [judge(json.loads(ln)) for ln in raw_path.read_text().splitlines()] if raw_path.exists() else []
+        if proc.returncode not in (0, 1):         # 1: some case failed, which the verdicts say; else it died
+            last = records[-1]["case"] if records else "none"
+            raise ConformanceError(f"test-backend-ops stopped (exit status {proc.returncode}) after {len(records)} "
+                                   f"cases, the last judged {last}: see {log_path}")
+        unsupported = sorted(set(re.findall(r"^  (\S+\(.*?\)): not supported \[", log_path.read_text(), re.M)))
+    finally:
+        for s in servers:
+            s.stop()
+    if not records:
+        what = " ".join(x for x in (f"-o {ops[:80]!r}" if ops else "", f"-p {params!r}" if params else "") if x)
+        raise ConformanceError(f"no test-backend-ops case matched {what or 'the selection'} on "
+                               f"{be.device} (ops are test-backend-ops' names: ADD, MUL_MAT, FLASH_ATTN_EXT, ...); "
+                               f"its log: {out / 'test-backend-ops.log'}")
+    with open(out / "cases.jsonl", "w") as f:
+        for r in records:
+            f.write(to_json(r) + "\n")
+    seconds = time.monotonic() - t0
+    meta = {"backend": be.name, "device": be.device, "about": be.about, "build": str(bindir),
+            "ops": ops if cases_file is None else f"{len(records)} cases of {cases_file}", "params": params,
+            "seconds": round(seconds, 1), "cpu": devices.get("CPU") or "?",
+            "device_description": devices.get(be.device) or "",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    from .report import write_report
+    write_report(records, meta, out)
+    (out / "unsupported.txt").write_text("".join(c + "\n" for c in unsupported))
+    summary = summarize(records)
+    summary.update(seconds=seconds, out=str(out), unsupported=len(unsupported))
+    return summary
+
+
+def _follow(proc: subprocess.Popen, raw_path: Path, progress, t0: float, every: float = 10.0) -> None:
+    """Wait for test-backend-ops, printing a progress line every `every` seconds and at the end."""
+    seen, last_op, pos, shown = 0, "", 0, time.monotonic()
+    while True:
+        done = proc.poll() is not None
+        if raw_path.exists():
+            with open(raw_path) as f:
+                f.seek(pos)
+                chunk = f.read()
+            lines = chunk.split("\n")
+            pos += len(chunk) - len(lines[-1])
+            for ln in lines[:-1]:
+                seen += 1
+                last_op = json.loads(ln)["op"]
+        if done or time.monotonic() - shown >= every:
+            progress(f"conformance: [{time.monotonic() - t0:6.0f} s] {seen:5d} cases judged"
+                     + (f", now {last_op}" if last_op and not done else ""))
+            shown = time.monotonic()
+        if done:
+            break
+        time.sleep(0.5)
+
+
+def summary_line(backend: str, s: dict) -> str:
+    v = s["verdicts"]
+    parts = [f"{v[k]} {k}" for k in VERDICTS if v[k] or k == "agree"]
+    return (f"{backend}: {s['cases']} cases, {', '.join(parts)}; {s['first_time']} checked for the first time "
+            f"(ggml-cpu cannot run them); {s.get('unsupported', 0)} the backend cannot run; {s['seconds']:.0f} s; "
+            f"{s['out']}/report.md")
+
+
+# --------------------------------------------------------------------------------------------- command line
+
+def add_parser(sub) -> None:
+    """Register `refimpl conformance` on the command line's subparsers."""
+    s = sub.add_parser("conformance", help="judge a ggml backend: test-backend-ops' cases computed by the backend, "
+                       "by ggml-cpu and by refimpl (the reference), with a verdict per case")
+    s.add_argument("-b", "--backend", required=True, metavar="BACKEND",
+                   help=f"the ggml backend under test: {', '.join(BACKENDS)}")
+    s.add_argument("-o", "--ops", metavar="OPS", help="test-backend-ops' -o: ops (ADD,MUL_MAT,...) or full case "
+                   "strings, comma-separated")
+    s.add_argument("-p", "--params", metavar="REGEX", help="test-backend-ops' -p: only cases whose parameters "
+                   "match REGEX")
+    s.add_argument("--cases", metavar="FILE", help="a file of full case strings, one per line (instead of -o)")
+    s.add_argument("--subset", choices=sorted(SUBSETS), help="a named subset of cases: ci (one to three cases of "
+                   "every op, the ones CI judges)")
+    s.add_argument("--out", metavar="DIR", help="where cases.jsonl and report.md go (default "
+                   "./conformance-BACKEND-DATE)")
+    s.add_argument("--no-second-reference", action="store_true", help="skip refimpl's ggml numerics (the "
+                   "'undecided' check where the sides disagree)")
+    s.set_defaults(fn=cli)
+
+
+def cli(args) -> int:
+    """`refimpl conformance`: progress on stderr, the one-line summary on stdout; exit 0 (the verdicts are the
+    output, not the exit status)."""
+    if args.backend not in BACKENDS:
+        raise ConformanceError(f"unknown backend {args.backend!r}; refimpl judges: {', '.join(BACKENDS)}")
+    if sum(map(bool, (args.cases, args.ops, args.subset))) > 1:
+        raise ConformanceError("--cases, --subset and -o/--ops each select cases: give one")
+    cases = SUBSETS[args.subset] if args.subset else args.cases
+    s = run(args.backend, args.ops, args.params, args.out, cases_file=cases,
+            second_reference=not args.no_second_reference, progress=lambda m: print(m, file=sys.stderr))
+    print(summary_line(args.backend, s))
+    return 0

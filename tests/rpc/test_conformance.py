@@ -1,0 +1,55 @@
+"""refimpl judges ggml-cpu (the portable build llama.cpp's goldens use) on the named CI subset of test-backend-ops
+(refimpl/data/conformance/ci.txt: one to three cases of every op, and the cases ggml-cpu cannot run).
+
+Each case is computed on the same inputs by ggml-cpu's optimized path, by ggml-cpu's reference mode and by refimpl
+served in exact numerics; the verdicts must be those recorded in tests/golden_data/conformance/cpu-ci.json (a
+changed verdict is a change in ggml or in refimpl, and fails here until it is understood and re-recorded with
+REFIMPL_RECORD_CONFORMANCE=1). The SUM of a permuted tensor is ggml-cpu's known bug: over budget in both of its
+paths, whatever else changes."""
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from refimpl.conformance import SUBSETS, read_cases
+
+from . import _vendor
+
+pytestmark = pytest.mark.oracle
+
+RECORDED = _vendor.REPO / "tests" / "golden_data" / "conformance" / "cpu-ci.json"
+SUM_CASE = "SUM(type=f32,ne=[33,256,1,1],permute=[1,0,2,3])"
+
+
+def test_ci_subset_judged_for_portable_cpu(tmp_path):
+    _vendor.bin_dir()                            # the portable build, with the judge patch (cached)
+    out = tmp_path / "judge"
+    p = subprocess.run([sys.executable, "-m", "refimpl", "conformance", "-b", "cpu", "--subset", "ci",
+                        "--out", str(out)], capture_output=True, text=True, timeout=3000)
+    assert p.returncode == 0, p.stderr[-3000:]
+    print("\n" + p.stdout.strip())
+    recs = read_cases(out / "cases.jsonl")
+    wanted = {ln for ln in SUBSETS["ci"].read_text().splitlines() if ln and not ln.startswith("#")}
+    unsupported = set((out / "unsupported.txt").read_text().split("\n")) - {""}
+    judged = {r["case"] for r in recs}
+    assert judged | unsupported == wanted and not judged & unsupported, \
+        "every case of the subset is judged or named as one ggml-cpu cannot run, and only those"
+    assert (out / "report.md").exists() and (out / "errors.png").exists()
+
+    s = [r for r in recs if r["case"] == SUM_CASE]
+    assert s and all(r["verdict"] == "both wrong" and r["err_cpu"] > r["budget"] and r["err_backend"] > r["budget"]
+                     for r in s), s
+    assert all("worst" in r for r in recs if r["verdict"] != "agree")
+    assert all(r["cpu_supported"] for r in recs), "under test, ggml-cpu runs only what ggml-cpu can run"
+
+    got = sorted([r["case"], r["verdict"]] for r in recs)
+    if os.environ.get("REFIMPL_RECORD_CONFORMANCE"):
+        RECORDED.parent.mkdir(parents=True, exist_ok=True)
+        RECORDED.write_text("[\n" + ",\n".join(json.dumps(x) for x in got) + "\n]\n")
+    want = json.loads(RECORDED.read_text())
+    changed = [(c, v, w) for (c, v), (_, w) in zip(got, want) if v != w]
+    assert len(got) == len(want) and not changed, (
+        f"verdicts changed (case, now, recorded): {changed[:10]}; now {Counter(v for _, v in got)}")

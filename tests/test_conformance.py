@@ -1,0 +1,97 @@
+"""refimpl.conformance's verdicts, record format and report, on records written as the judge patch writes them.
+
+Each record's errors are placed on either side of its budget, so each test's expected verdict follows from the
+definition in refimpl/conformance.py's docstring alone; the runs themselves (test-backend-ops judged) are in
+tests/rpc/test_conformance.py."""
+import json
+import math
+
+import pytest
+
+from refimpl import conformance
+from refimpl.conformance import verdicts
+from refimpl.conformance import ConformanceError, judge, read_cases, verdict
+from refimpl.conformance.report import per_op, write_report
+
+pytestmark = pytest.mark.property        # the verdicts' definitions, checked on records placed around the budget
+
+B = 1e-7      # the budget of most of ggml's ops (NMSE)
+
+
+def raw(op="ADD", e_b=0.0, e_c=0.0, e_bc=0.0, cpu=True, e_r2=None, ref_nan=0, **kw):
+    rec = {"op": op, "case": f"{op}(type=f32,ne=[10,5,4,3])", "backend": "CPU", "budget": B, "budget_cpu": B,
+           "cpu_supported": cpu, "err_backend": e_b, "err_cpu": e_c if cpu else None,
+           "err_backend_cpu": e_bc if cpu else None, "err_ref2": e_r2, "ref_nan": ref_nan, "nodes": 1,
+           "worst": {"node": 3, "name": "out", "node_op": op, "ne": [10, 5, 4, 3], "index": 17,
+                     "backend": 1.5, "cpu": 1.25 if cpu else None, "refimpl": 1.0}}
+    rec.update(kw)
+    return rec
+
+
+@pytest.mark.parametrize("errors, expected", [
+    ((0.0, 0.0, 0.0), "agree"),
+    ((B / 2, B / 2, B / 2), "agree"),
+    ((B, B, B), "agree"),                         # ggml fails a case only when err > budget
+    ((2 * B, 0.0, 2 * B), "backend wrong"),
+    ((0.0, 2 * B, 2 * B), "ggml-cpu wrong"),
+    ((2 * B, 3 * B, 0.0), "both wrong"),          # the backend shares ggml-cpu's bug: they agree with each other
+    ((B / 2, B / 2, 3 * B), "undecided"),         # each near refimpl, apart from each other
+    ((math.inf, 0.0, math.inf), "backend wrong"),  # a NaN or a lone infinity is an infinite error
+])
+def test_verdicts(errors, expected):
+    e_b, e_c, e_bc = errors
+    assert verdict(raw(e_b=e_b, e_c=e_c, e_bc=e_bc))[0] == expected
+
+
+def test_a_case_ggml_cpu_cannot_run_is_judged_on_the_backend_alone():
+    assert verdict(raw(cpu=False, e_b=B / 2))[0] == "agree"
+    v, why = verdict(raw(cpu=False, e_b=5 * B))
+    assert v == "backend wrong" and "cannot run" in why
+
+
+def test_undecided_where_refimpl_numerics_disagree_with_each_other():
+    v, why = verdict(raw(e_b=2 * B, e_r2=10 * B))
+    assert v == "undecided" and "ggml numerics" in why
+    assert verdict(raw(e_b=2 * B, e_r2=B / 10))[0] == "backend wrong"
+
+
+def test_undecided_where_the_order_is_implementation_defined_or_refimpl_refused():
+    assert verdict(raw(op="TOP_K", e_b=1.0, e_bc=1.0))[0] == "undecided"
+    assert verdict(raw(op="ARGSORT", e_c=1.0, e_bc=1.0))[0] == "undecided"
+    v, why = verdict(raw(e_b=math.inf, e_c=math.inf, ref_nan=12))
+    assert v == "undecided" and "did not compute" in why
+
+
+def test_record_format_round_trips(tmp_path):
+    recs = [judge(raw(e_b=math.inf, e_bc=math.inf)), judge(raw()), judge(raw(cpu=False, e_b=B))]
+    path = tmp_path / "cases.jsonl"
+    path.write_text("".join(verdicts.to_json(r) + "\n" for r in recs))
+    for line in path.read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))   # strict JSON
+    back = read_cases(path)
+    assert back[0]["err_backend"] == math.inf and back[0]["verdict"] == "backend wrong"
+    assert back[0]["worst"] == {"index": 17, "node": "out", "node_op": "ADD", "ne": [10, 5, 4, 3],
+                                "backend": 1.5, "cpu": 1.25, "refimpl": 1.0}
+    assert "worst" not in back[1]                     # only verdicts but `agree` carry the worst element
+    assert back[2]["err_cpu"] is None and back[2]["cpu_supported"] is False
+    required = {"op", "case", "backend", "budget", "err_backend", "err_cpu", "cpu_supported", "verdict"}
+    assert all(required <= set(r) for r in back)
+
+
+def test_report_has_the_per_op_table_and_the_plot(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the notebooks extra)")
+    recs = [judge(raw(e_b=2 * B, e_bc=2 * B)), judge(raw(op="SUM", e_c=0.2, e_bc=0.2)), judge(raw(op="SUM")),
+            judge(raw(op="CPY", cpu=False))]
+    meta = {"backend": "cpu", "device": "CPU", "about": "ggml-cpu", "cpu": "x", "date": "d", "seconds": 1.0}
+    text = write_report(recs, meta, tmp_path).read_text()
+    assert "| SUM | 2 | 1 | 0 | 1 | 0 | 0 | 0 |" in text
+    assert "`SUM(type=f32,ne=[10,5,4,3])`" in text and "ggml-cpu wrong" in text
+    assert (tmp_path / "errors.png").stat().st_size > 10_000
+    assert per_op(recs)["CPY"]["first_time"] == 1
+
+
+def test_bad_input_is_one_clear_error(tmp_path):
+    with pytest.raises(ConformanceError, match="unknown backend 'metal'; refimpl judges: cpu, "):
+        conformance.run("metal", out=tmp_path)
+    with pytest.raises(ConformanceError, match="not a regular expression"):
+        conformance.run("cpu", params="([", out=tmp_path)
