@@ -85,10 +85,11 @@ rm -rf "$root" && mkdir -p "$root/src"
 src="$root/src"
 tar xzf "$sdist" -C "$src" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"
 for p in "${patches[@]}"; do (cd "$src" && patch -p1 --forward --quiet < "$p"); done
-echo "building ${targets[*]} in $root ($profile profile, RPC on; a few minutes on 2 cores)" >&2
+echo "building ${targets[*]} in $root ($profile profile, RPC on; minutes on 2 cores, tens of them for vulkan's shaders)" >&2
 # shellcheck disable=SC2086
-cmake -S "$src" -B "$root/build" $flags >"$root/configure.log" 2>&1 || { tail -30 "$root/configure.log" >&2; exit 1; }
+cmake -S "$src" -B "$root/build" $flags >"$root/configure.log" 2>&1 \
+  || { tail -30 "$root/configure.log" >&2; echo "build_llamacpp.sh: configuring failed: see $root/configure.log" >&2; exit 1; }
 cmake --build "$root/build" -j "$(nproc)" --target "${targets[@]}" >"$root/build.log" 2>&1 \
-  || { tail -30 "$root/build.log" >&2; exit 1; }
+  || { tail -30 "$root/build.log" >&2; echo "build_llamacpp.sh: building failed: see $root/build.log" >&2; exit 1; }
 touch "$root/.built"
 echo "$bin"

@@ -121,6 +121,20 @@ def _devices(bindir: Path, backend: Backend, env: dict) -> dict[str, str]:
     return found
 
 
+def _check_ops(bindir: Path, ops: str, env: dict) -> None:
+    """Fail on an op name in `ops` that names no case of test-backend-ops (asked of its own case list)."""
+    names = [e for e in ops.split(",") if re.fullmatch(r"[A-Z0-9_]+", e)]
+    if not names:
+        return
+    p = subprocess.run([str(bindir / "test-backend-ops"), "support", "-b", "CPU", "-o", ",".join(names),
+                        "--output", "csv"], capture_output=True, text=True, env=env, timeout=300)
+    found = set(re.findall(r'^"[^"]*","([^"]+)"', p.stdout, re.M))
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ConformanceError(f"unknown op {', '.join(missing)}: test-backend-ops has no case of it (its ops are "
+                               f"ggml's names as test-backend-ops prints them: ADD, MUL_MAT, FLASH_ATTN_EXT, ...)")
+
+
 def run(backend: str, ops: str | None = None, params: str | None = None, out: str | os.PathLike | None = None,
         *, cases_file: str | os.PathLike | None = None, second_reference: bool = True,
         progress=print) -> dict:
@@ -148,17 +162,20 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     t0 = time.monotonic()
     progress(f"conformance: building test-backend-ops for {backend} ({be.about})")
     bindir = build(be)
+    env = dict(os.environ)
+    if be.name == "vulkan":
+        env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")     # lavapipe is a CPU-type device, skipped unless named
+    devices = _devices(bindir, be, env)
+    if ops and cases_file is None:
+        _check_ops(bindir, ops, env)
     servers = [_Server("exact", out / "serve-exact.log")]
     try:
         if second_reference:
             servers.append(_Server("ggml", out / "serve-ggml.log"))
-        env = dict(os.environ, GGML_RPC_SERVERS=",".join(s.endpoint for s in servers),
-                   GGML_JUDGE_REF="RPC0", GGML_JUDGE_OUT=str(out / "raw.jsonl"))
+        env.update(GGML_RPC_SERVERS=",".join(s.endpoint for s in servers), GGML_JUDGE_REF="RPC0",
+                   GGML_JUDGE_OUT=str(out / "raw.jsonl"))
         if second_reference:
             env["GGML_JUDGE_REF2"] = "RPC1"
-        if be.name == "vulkan":
-            env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")     # lavapipe is a CPU-type device, skipped unless named
-        devices = _devices(bindir, be, env)
         raw_path = out / "raw.jsonl"
         raw_path.unlink(missing_ok=True)
         cmd = [str(bindir / "test-backend-ops"), "test", "-b", be.device]
@@ -178,7 +195,7 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
             last = records[-1]["case"] if records else "none"
             raise ConformanceError(f"test-backend-ops stopped (exit status {proc.returncode}) after {len(records)} "
                                    f"cases, the last judged {last}: see {log_path}")
-        unsupported = sorted(set(re.findall(r"^  (\S+\(.*?\)): not supported \[", log_path.read_text(), re.M)))
+        unsupported = sorted(set(re.findall(r"^  (\S+\(.*\)): not supported \[", log_path.read_text(), re.M)))
     finally:
         for s in servers:
             s.stop()

@@ -53,3 +53,18 @@ def test_ci_subset_judged_for_portable_cpu(tmp_path):
     changed = [(c, v, w) for (c, v), (_, w) in zip(got, want) if v != w]
     assert len(got) == len(want) and not changed, (
         f"verdicts changed (case, now, recorded): {changed[:10]}; now {Counter(v for _, v in got)}")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-b", "metal"], "unknown backend 'metal'; refimpl judges: cpu, cpu-native, blas, vulkan"),
+    (["-b", "cpu", "-o", "ADD,NO_SUCH_OP"], "unknown op NO_SUCH_OP: test-backend-ops has no case of it"),
+    (["-b", "cpu", "-p", "(["], "is not a regular expression"),
+    (["-b", "cpu", "--subset", "ci", "-o", "ADD"], "select cases: give one"),
+])
+def test_bad_input_is_one_line(argv, message, tmp_path):
+    _vendor.bin_dir()
+    p = subprocess.run([sys.executable, "-m", "refimpl", "conformance", *argv, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 1 and last.startswith("refimpl: error: ") and message in last, p.stderr
+    assert "Traceback" not in p.stderr
