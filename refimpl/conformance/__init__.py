@@ -215,7 +215,7 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     from .report import write_report
-    write_report(records, meta, out)
+    write_report(records, meta, out, unsupported)
     (out / "unsupported.txt").write_text("".join(c + "\n" for c in unsupported))
     summary = summarize(records)
     summary.update(seconds=seconds, out=str(out), unsupported=len(unsupported))

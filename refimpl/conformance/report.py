@@ -18,12 +18,18 @@ from .verdicts import VERDICTS, summarize
 FLOOR = 1e-18          # where a zero error is drawn on the log axis
 
 
-def per_op(records: list[dict]) -> dict[str, dict]:
-    """Per op: case count, verdict counts, first-time cases, largest errors (as multiples of the budget)."""
+def per_op(records: list[dict], unsupported: list[str] = ()) -> dict[str, dict]:
+    """Per op: case count, verdict counts, first-time cases, cases the backend cannot run (`unsupported`: their
+    case strings), largest errors (as multiples of the budget)."""
     ops: dict[str, dict] = {}
+
+    def entry(op):
+        return ops.setdefault(op, {"cases": 0, **{v: 0 for v in VERDICTS}, "first_time": 0, "unsupported": 0,
+                                   "worst_backend": 0.0, "worst_cpu": None})
+    for case in unsupported:
+        entry(case.split("(", 1)[0])["unsupported"] += 1
     for r in records:
-        o = ops.setdefault(r["op"], {"cases": 0, **{v: 0 for v in VERDICTS}, "first_time": 0,
-                                     "worst_backend": 0.0, "worst_cpu": None})
+        o = entry(r["op"])
         o["cases"] += 1
         o[r["verdict"]] += 1
         o["first_time"] += not r["cpu_supported"]
@@ -56,8 +62,9 @@ def _val(x) -> str:
     return "—" if x is None else f"{x:.9g}"
 
 
-def write_report(records: list[dict], meta: dict, out) -> Path:
-    """Write DIR/report.md (and DIR/errors.png when matplotlib is installed); return the report's path."""
+def write_report(records: list[dict], meta: dict, out, unsupported: list[str] = ()) -> Path:
+    """Write DIR/report.md (and DIR/errors.png when matplotlib is installed); return the report's path.
+    `unsupported`: the case strings the backend under test cannot run."""
     out = Path(out)
     s = summarize(records)
     lines = [f"# refimpl judges {meta['backend']} ({meta['device']})", "",
@@ -69,7 +76,7 @@ def write_report(records: list[dict], meta: dict, out) -> Path:
                                                                    else ""),
              "", f"{s['cases']} cases: " + ", ".join(f"{s['verdicts'][v]} {v}" for v in VERDICTS)
              + f"; {s['first_time']} checked for the first time (ggml-cpu cannot run them), "
-             f"{s['first_time_wrong']} of them not agreeing.", ""]
+             f"{s['first_time_wrong']} of them not agreeing; {len(unsupported)} the backend cannot run.", ""]
     plot = _plot(records, out / "errors.png")
     if plot:
         lines += [f"![each side's error against refimpl, per op]({plot.name})", ""]
@@ -78,11 +85,11 @@ def write_report(records: list[dict], meta: dict, out) -> Path:
     lines += ["Errors are ggml's own error function of each case (NMSE for most ops) against refimpl, as "
               "multiples of the case's budget: the largest per op.", "",
               "| op | cases | agree | backend wrong | ggml-cpu wrong | both wrong | undecided | first time | "
-              "backend / budget | ggml-cpu / budget |", "|---|" + "---:|" * 9]
-    for op, o in per_op(records).items():
+              "backend cannot run | backend / budget | ggml-cpu / budget |", "|---|" + "---:|" * 10]
+    for op, o in per_op(records, unsupported).items():
         lines.append(f"| {op} | {o['cases']} | {o['agree']} | {o['backend wrong']} | {o['ggml-cpu wrong']} | "
-                     f"{o['both wrong']} | {o['undecided']} | {o['first_time']} | {_fmt(o['worst_backend'])} | "
-                     f"{_fmt(o['worst_cpu'])} |")
+                     f"{o['both wrong']} | {o['undecided']} | {o['first_time']} | {o['unsupported']} | "
+                     f"{_fmt(o['worst_backend'])} | {_fmt(o['worst_cpu'])} |")
     bad = [r for r in records if r["verdict"] != "agree"]
     if bad:
         lines += ["", "## Cases that do not agree", "",
