@@ -839,7 +839,9 @@ def _cmd_serve(args) -> int:
     logging.basicConfig(level=level, format="refimpl serve: %(message)s")
     try:
         srv = Server(args.host, args.port, backend=args.backend or current_backend(), numerics=args.numerics,
-                     mem=args.mem, dump=args.dump, strict=args.strict)
+                     mem=args.mem, dump=args.dump, strict=args.strict, max_clients=args.max_clients,
+                     idle_timeout=args.idle_timeout, max_graph_work=args.max_graph_work,
+                     max_graph_seconds=args.max_graph_seconds)
         srv.start()
     except OSError as e:
         print(f"refimpl: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
@@ -988,6 +990,17 @@ def _main(argv=None) -> int:
                    "with DIR/index.jsonl (op, type, shapes)")
     s.add_argument("--strict", action="store_true", help="close the connection on a node refimpl cannot "
                    "compute, instead of filling it with NaN")
+    from .rpc import server as _srv
+    s.add_argument("--max-clients", type=_above(0, "max-clients", int), default=_srv.MAX_CLIENTS, metavar="N",
+                   help=f"connections served at once; more are closed at once (default {_srv.MAX_CLIENTS})")
+    s.add_argument("--idle-timeout", type=_at_least(0, "idle-timeout", float), default=_srv.IDLE_TIMEOUT_S,
+                   metavar="S", help=f"close a connection idle this long, 0: never (default {_srv.IDLE_TIMEOUT_S:g})")
+    s.add_argument("--max-graph-work", type=_at_least(0, "max-graph-work", float), default=_srv.MAX_GRAPH_WORK,
+                   metavar="OPS", help="refuse a graph whose estimated work is over this many "
+                   f"element-operations, 0: no limit (default 2^{_srv.MAX_GRAPH_WORK.bit_length() - 1})")
+    s.add_argument("--max-graph-seconds", type=_at_least(0, "max-graph-seconds", float),
+                   default=_srv.MAX_GRAPH_SECONDS, metavar="S", help="refuse the rest of a graph that computes "
+                   f"longer, 0: no limit (default {_srv.MAX_GRAPH_SECONDS:g})")
     s.add_argument("-v", "--verbose", action="store_true", help="log every connection and command summary")
     s.set_defaults(fn=_cmd_serve)
     compare.add_parser(sub, _add_model_options)      # refimpl compare (refimpl/compare.py)

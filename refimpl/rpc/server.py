@@ -16,6 +16,13 @@ on one thread of the server, one at a time, whichever connection sent them: the 
 over all cores themselves, and one computing thread means one set of Numba/OpenMP worker threads, never two
 sets spinning against each other.
 
+Limits (a client is not trusted; docs/rpc.md "Threat model"): `--mem` bounds every buffer, every stored graph
+and the temporaries a node implies, checked before they are made; at most `--max-clients` connections at once; a
+connection that has not said HELLO within HELLO_TIMEOUT_S, or is idle past `--idle-timeout`, is closed; a graph
+whose estimated work is over `--max-graph-work` element-operations is refused whole, and one that computes
+past `--max-graph-seconds` has its remaining nodes refused. The computing thread runs the graphs of all
+connections in turn, a time slice each, so that no client's graph holds the others back.
+
 The protocol has no error reply, and the client offloads every op. A node refimpl cannot compute is logged
 (op, sub-op, params, shapes in both orders) and filled with NaN, or with `strict=True` the connection is
 closed. A message that names memory outside its buffers, an unknown buffer or tensor, a size that does not
@@ -24,11 +31,11 @@ match, or a count that cannot fit closes that connection only, before anything i
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import ipaddress
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -51,7 +58,16 @@ ALIGNMENT = 32                # ggml-cpu's TENSOR_ALIGNMENT: what the client pad
 MAX_GRAPH_NODES = 1 << 20     # more than any graph llama.cpp builds (its default cap is 8192 + 64 per layer)
 MAX_GRAPH_TENSORS = 1 << 21
 DEBUG = bool(os.environ.get("REFIMPL_RPC_DEBUG"))   # log every command with its size and time (level DEBUG)
-BODY_TIMEOUT_S = 60.0         # a message begun must arrive within this; idle between messages is unbounded
+BODY_TIMEOUT_S = 60.0         # a message begun must arrive within this
+HELLO_TIMEOUT_S = 10.0        # a connection must say HELLO within this
+IDLE_TIMEOUT_S = 3600.0       # default --idle-timeout: llama.cpp keeps its connection open while a user reads
+MAX_CLIENTS = 16              # default --max-clients
+MAX_GRAPH_WORK = 1 << 50      # default --max-graph-work, element-operations (a 70B prefill is ~2^46)
+MAX_GRAPH_SECONDS = 3600.0    # default --max-graph-seconds
+NODE_WORK = 1 << 12           # a node's fixed cost in element-operations (Python per node), so that a graph of
+                              # a million cheap nodes counts as the minutes it takes
+NODE_COST = 3 << 10           # bytes a stored graph keeps per tensor (Node, its views), charged to --mem
+SLICE_S = 0.05                # the computing thread's time slice per graph
 
 # Wire types of ggml 0.25.3: refimpl's table; removed type ids have block size 0 in ggml and are refused as
 # ggml's own server refuses them.
@@ -101,6 +117,26 @@ class Node:
         return (f"{self.name or '?'} ({self.tname}, ne {self.ne} = numpy {self.shape}, nb {self.nb})")
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x20)) + [0x7f]} | {0x5c: "\\\\"}
+
+
+def escaped(text: str) -> str:
+    """Client-supplied text as it may go into a log: control characters (newlines, terminal escapes) and
+    backslashes written as escapes, so that no client can forge or colour a log line."""
+    return str(text).translate(_CONTROL)
+
+
+class _EscapeFilter(logging.Filter):
+    """Escapes every message of the server's logger (tensor names and anything else a client sent)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = escaped(record.getMessage()), None
+        return True
+
+
+log.addFilter(_EscapeFilter())
+
+
 def nbytes(ne, nb, blck: int, tsize: int) -> int:
     """ggml_nbytes: the bytes from a tensor's first element to the end of its last one."""
     if any(n <= 0 for n in ne):
@@ -108,6 +144,33 @@ def nbytes(ne, nb, blck: int, tsize: int) -> int:
     if blck == 1:
         return tsize + sum((ne[i] - 1) * nb[i] for i in range(4))
     return ne[0] * nb[0] // blck + sum((ne[i] - 1) * nb[i] for i in range(1, 4))
+
+
+def _elements(n: Node) -> int:
+    e = 1
+    for x in n.ne:
+        e *= max(int(x), 0)
+    return e
+
+
+def _aliasing(n: Node) -> bool:
+    """Whether n's elements cannot all have bytes of their own: more elements than its byte extent holds."""
+    return _elements(n) // n.blck * n.tsize > n.nbytes
+
+
+def _work(n: Node, tensors: dict[int, Node]) -> int:
+    """A node's estimated work in element-operations: its output and sources, times the reduced dimension for
+    the products, plus a fixed cost per node."""
+    out = _elements(n)
+    srcs = [tensors[s] for s in n.src if s]
+    w = out + sum(_elements(t) for t in srcs)
+    reduced = {"MUL_MAT": (0, 0), "MUL_MAT_ID": (0, 0), "OUT_PROD": (0, 1), "FLASH_ATTN_EXT": (1, 1)}
+    if n.op_name in reduced and len(srcs) > reduced[n.op_name][0]:
+        src, dim = reduced[n.op_name]
+        w += out * max(int(srcs[src].ne[dim]), 1)          # K of a product, the keys of attention
+    elif n.op_name.startswith("CONV") and len(srcs) > 1:
+        w += out * max(_elements(srcs[0]), 1)               # an upper bound: every output reads the whole kernel
+    return w + NODE_WORK
 
 
 class _Memory:
@@ -134,8 +197,103 @@ class _Memory:
             return Buffer(bid, base, size, mem)
 
     def free(self, buf: Buffer) -> None:
+        self.release(buf.size)
+
+    def reserve(self, size: int) -> bool:
+        """Count `size` bytes the server keeps outside buffers (a stored graph) against the limit."""
         with self.lock:
-            self.used -= buf.size
+            if size > self.limit - self.used:
+                return False
+            self.used += size
+            return True
+
+    def release(self, size: int) -> None:
+        with self.lock:
+            self.used -= size
+
+    def free_now(self) -> int:
+        with self.lock:
+            return self.limit - self.used
+
+
+class _Job:
+    __slots__ = ("gen", "done", "error", "spent")
+
+    def __init__(self, gen):
+        self.gen, self.done, self.error, self.spent = gen, threading.Event(), None, 0.0
+
+
+class _Scheduler:
+    """The one thread that computes every graph (module docstring): the graphs of all connections in turn, a
+    time slice (SLICE_S) each, inside the server's backend and numerics."""
+
+    def __init__(self, server: "Server"):
+        self.server = server
+        self.cond = threading.Condition()
+        self.jobs: collections.deque[_Job] = collections.deque()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._loop, name="refimpl-rpc-compute", daemon=True)
+        self.thread.start()
+
+    def run(self, gen) -> None:
+        """Run the generator `gen` (one graph, a step per node) to its end on the computing thread; block."""
+        job = _Job(gen)
+        with self.cond:
+            self.jobs.append(job)
+            self.cond.notify()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+
+    def _loop(self) -> None:
+        srv = self.server
+        while True:
+            with self.cond:
+                while not self.jobs and not self.stopped:
+                    self.cond.wait()
+                if self.stopped:
+                    for job in self.jobs:
+                        job.error = EOFError("server stopping")
+                        job.done.set()
+                    return
+                job = self.jobs.popleft()
+            t0 = time.monotonic()
+            finished = False
+            # forward_scope: what the backend does around a model's pass (numba: its thread count read once,
+            # not once per kernel call); a graph's batch size is not known here
+            with ops.backend(srv.backend), ops.numerics(srv.numerics), np.errstate(all="ignore"), \
+                    forward_scope(1, "decoder"):
+                try:
+                    while time.monotonic() - t0 < SLICE_S:
+                        next(job.gen)
+                except StopIteration:
+                    finished = True
+                except BaseException as e:          # noqa: BLE001 -- handed to the connection's thread
+                    job.error, finished = e, True
+            job.spent += time.monotonic() - t0
+            if finished:
+                job.done.set()
+                continue
+            if job.spent > srv.max_graph_seconds:
+                try:
+                    job.gen.throw(_GraphTimeout(job.spent))
+                except StopIteration:
+                    pass
+                except BaseException as e:          # noqa: BLE001
+                    job.error = e
+                job.done.set()
+                continue
+            with self.cond:
+                self.jobs.append(job)
+
+
+class _GraphTimeout(Exception):
+    """Thrown into a graph that computed past --max-graph-seconds."""
 
 
 class Connection:
@@ -145,6 +303,7 @@ class Connection:
         self.server, self.sock, self.peer = server, sock, peer
         self.buffers: dict[int, Buffer] = {}
         self.graph = None                      # (nodes, tensors) of the last GRAPH_COMPUTE, for RECOMPUTE
+        self.graph_bytes = 0                   # what the stored graph is charged against --mem
         self.computed: collections.Counter = collections.Counter()
         self.refused: collections.Counter = collections.Counter()
         self.logged: collections.Counter = collections.Counter()
@@ -190,6 +349,8 @@ class Connection:
             raise ProtocolError(f"tensor {n.name!r}: ne0 {n.ne[0]} is not a multiple of {n.tname}'s block "
                                 f"size {n.blck}")
         n.nbytes = nbytes(n.ne, n.nb, n.blck, n.tsize)
+        if n.nbytes >= 1 << 63:
+            raise ProtocolError(f"tensor {n.describe()} spans {n.nbytes} bytes, more than any buffer can hold")
         n.rview = n.wview = n.srcs = None      # views of the buffer, made once per graph (GRAPH_RECOMPUTE reuses)
         opn = n.op_name
         n.sname = ggml_ops.sub_op(opn, n.params)
@@ -288,6 +449,8 @@ class Connection:
         types 0xFF bytes (their f16 scales read NaN), ints -1."""
         if n.buffer is None or n.nbytes == 0:
             return
+        if _aliasing(n):
+            return                  # elements that share bytes: writing them one by one could take forever
         if n.tname in FLOAT_NAN and n.tname != "bf16":
             self._view(n, write=True)[...] = np.nan
             return
@@ -303,41 +466,62 @@ class Connection:
     # -- graphs ----------------------------------------------------------------------------------------------
     def _compute(self, nodes: list[Node], tensors: dict[int, Node]) -> None:
         """Compute a graph on the server's computing thread (module docstring) and wait for it."""
-        self.server.compute_thread().submit(self._run_graph, nodes, tensors).result()
+        self.server.scheduler().run(self._run_graph(nodes, tensors))
 
-    def _run_graph(self, nodes: list[Node], tensors: dict[int, Node]) -> None:
+    def _run_graph(self, nodes: list[Node], tensors: dict[int, Node]):
+        """The graph, one node per step (the scheduler interleaves the steps of several connections)."""
         srv = self.server
-        # forward_scope: what the backend does around a model's pass (numba: its thread count read once, not
-        # once per kernel call -- hundreds of calls a token); a graph's batch size is not known here
-        with ops.backend(srv.backend), ops.numerics(srv.numerics), np.errstate(all="ignore"), \
-                forward_scope(1, "decoder"):
-            for n in nodes:
-                if n is None or n.skip:
-                    continue
-                name = n.sname
-                t0 = time.perf_counter() if DEBUG else 0.0
+        for k, n in enumerate(nodes):
+            if k:
                 try:
-                    handler = n.handler
-                    if handler is None:
-                        raise ggml_ops.Unsupported(ggml_ops.NOT_COMPUTED.get(n.op_name, "unknown op"))
-                    srcs = n.srcs
-                    if srcs is None:
-                        srcs = [None if s == 0 else ggml_ops.squeeze(self._view(tensors[s])) for s in n.src]
-                        if all(s == 0 or tensors[s].rview is not None for s in n.src):
-                            n.srcs = srcs
-                    value = handler(n, srcs, n.params)
-                    if value is not ggml_ops.STORED:
-                        self._store(n, value)
-                except Refused:
-                    raise
-                except Exception as e:                      # noqa: BLE001 -- any failure refuses this node only
-                    self._refuse(n, name, e, tensors)
-                    continue
-                self.computed[name] += 1
-                if DEBUG:
-                    self.seconds[name] += time.perf_counter() - t0
-                if srv.dump:
-                    self._dump(n, name, tensors)
+                    yield
+                except _GraphTimeout as e:
+                    rest = {id(m): m for m in nodes[k:] if m is not None and not m.skip}
+                    log.warning("connection %s: graph stopped after %.0f s of computing (--max-graph-seconds %g): "
+                                "its %d remaining nodes are refused", self.peer, e.args[0],
+                                srv.max_graph_seconds, len(rest))
+                    for m in rest.values():
+                        self.refused[m.sname] += 1
+                        self._fill_nan(m)
+                    return
+            if n is None or n.skip:
+                continue
+            name = n.sname
+            t0 = time.perf_counter() if DEBUG else 0.0
+            try:
+                handler = n.handler
+                if handler is None:
+                    raise ggml_ops.Unsupported(ggml_ops.NOT_COMPUTED.get(n.op_name, "unknown op"))
+                self._check_temporaries(n, tensors)
+                srcs = n.srcs
+                if srcs is None:
+                    srcs = [None if s == 0 else ggml_ops.squeeze(self._view(tensors[s])) for s in n.src]
+                    if all(s == 0 or tensors[s].rview is not None for s in n.src):
+                        n.srcs = srcs
+                value = handler(n, srcs, n.params)
+                if value is not ggml_ops.STORED:
+                    self._store(n, value)
+            except Refused:
+                raise
+            except Exception as e:                      # noqa: BLE001 -- any failure refuses this node only
+                self._refuse(n, name, e, tensors)
+                continue
+            self.computed[name] += 1
+            if DEBUG:
+                self.seconds[name] += time.perf_counter() - t0
+            if srv.dump:
+                self._dump(n, name, tensors)
+
+    def _check_temporaries(self, n: Node, tensors: dict[int, Node]) -> None:
+        """Refuse a node whose elements alias (strides that make its elements share bytes: ggml never computes
+        into such a tensor), or whose output and sources, as the float64 arrays refimpl may make of them,
+        need more memory than --mem has free."""
+        if _aliasing(n):
+            raise ggml_ops.Unsupported(f"its {_elements(n)} elements share {n.nbytes} bytes (aliasing strides)")
+        need = 8 * (_elements(n) + sum(_elements(tensors[s]) for s in n.src if s))
+        free = self.server.memory.free_now()
+        if need > free:
+            raise ggml_ops.Unsupported(f"it needs up to {need} bytes of temporaries; --mem has {free} free")
 
     def _refuse(self, n: Node, name: str, e: Exception, tensors: dict[int, Node]) -> None:
         self.refused[name] += 1
@@ -408,14 +592,37 @@ class Connection:
             if i not in tensors:
                 raise ProtocolError(f"graph node id 0x{i:x} is not among the graph's tensors")
             nodes.append(tensors[i])
-        self.graph = (nodes, tensors)
+        work = sum(_work(nd, tensors) for nd in nodes if nd is not None and not nd.skip)
+        if work > self.server.max_graph_work:
+            distinct = {id(nd): nd for nd in nodes if nd is not None and not nd.skip}
+            log.warning("connection %s: graph of %d nodes refused: about %.3g element-operations of work, over "
+                        "--max-graph-work %.3g", self.peer, len(nodes), work, self.server.max_graph_work)
+            for nd in distinct.values():
+                self.refused[nd.sname] += 1
+                self._fill_nan(nd)
+            self._store_graph(None, 0)
+            return
+        cost = NODE_COST * len(tensors)
+        if not self.server.memory.reserve(cost):
+            raise ProtocolError(f"a graph of {len(tensors)} tensors needs {cost} bytes of server memory, more "
+                                f"than --mem has free")
+        self._store_graph((nodes, tensors), cost)
         self._compute(nodes, tensors)
+
+    def _store_graph(self, graph, cost: int) -> None:
+        """Keep `graph` for GRAPH_RECOMPUTE (its `cost` already reserved), releasing the one before."""
+        self.server.memory.release(self.graph_bytes)
+        self.graph, self.graph_bytes = graph, cost
 
     # -- the command loop ----------------------------------------------------------------------------------
     def serve(self) -> None:
         srv = self.server
         try:
-            cmd = self._recv_exact(1)[0]
+            self.sock.settimeout(srv.hello_timeout)
+            try:
+                cmd = self._recv_exact(1)[0]
+            except socket.timeout:
+                raise EOFError(f"no HELLO within {srv.hello_timeout:g} s") from None
             if cmd != Cmd.HELLO:
                 raise ProtocolError(f"expected HELLO, got command {cmd}")
             self.sock.settimeout(BODY_TIMEOUT_S)
@@ -425,9 +632,11 @@ class Connection:
             self._recv_exact(size)
             self._send(bytes(PROTO_VERSION) + b"\0" + bytes(CONN_CAPS_SIZE))
             while not srv._stopping.is_set():
-                self.sock.settimeout(None)
+                self.sock.settimeout(srv.idle_timeout or None)
                 try:
                     head = self.sock.recv(1)
+                except socket.timeout:
+                    raise EOFError(f"idle for {srv.idle_timeout:g} s (--idle-timeout)") from None
                 except OSError:
                     break
                 if not head:
@@ -441,6 +650,7 @@ class Connection:
         except Refused as e:
             log.error("connection %s: --strict, closing: %s", self.peer, e)
         except Exception as e:                                      # noqa: BLE001 -- never take the server down
+            srv.internal_errors += 1
             log.exception("connection %s: internal error, closing: %s", self.peer, e)
         finally:
             self._close()
@@ -511,7 +721,7 @@ class Connection:
         b = self._buffer(U64.unpack(req)[0])
         del self.buffers[b.id]
         self.server.memory.free(b)
-        self.graph = None
+        self._store_graph(None, 0)
 
     def _buffer_clear(self, req):
         self._buffer(U64.unpack_from(req)[0]).mem[...] = req[8]
@@ -576,7 +786,7 @@ class Connection:
         for b in self.buffers.values():
             self.server.memory.free(b)
         self.buffers.clear()
-        self.graph = None
+        self._store_graph(None, 0)
         try:
             self.sock.close()
         except OSError:
@@ -598,7 +808,9 @@ class Server:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 50052, *, backend: str = "numpy",
                  numerics: str = "exact", mem: int | None = None, dump: str | os.PathLike | None = None,
-                 strict: bool = False, log_per_op: int = 5):
+                 strict: bool = False, log_per_op: int = 5, max_clients: int = MAX_CLIENTS,
+                 idle_timeout: float = IDLE_TIMEOUT_S, max_graph_work: float = MAX_GRAPH_WORK,
+                 max_graph_seconds: float = MAX_GRAPH_SECONDS):
         if backend not in ("numpy", "numba"):
             raise ValueError(f"--backend must be numpy or numba, got {backend!r}")
         if numerics not in NUMERICS:
@@ -609,21 +821,30 @@ class Server:
         if self.dump:
             Path(self.dump).mkdir(parents=True, exist_ok=True)
         self.strict, self.log_per_op = strict, log_per_op
+        for flag, v in (("--max-clients", max_clients), ("--idle-timeout", idle_timeout),
+                        ("--max-graph-work", max_graph_work), ("--max-graph-seconds", max_graph_seconds)):
+            if not v >= 0:
+                raise ValueError(f"{flag} must be >= 0, got {v!r}")
+        self.max_clients, self.idle_timeout = int(max_clients), float(idle_timeout)      # idle 0: never
+        self.max_graph_work = float(max_graph_work) or math.inf                          # 0: no limit
+        self.max_graph_seconds = float(max_graph_seconds) or math.inf
+        self.hello_timeout = HELLO_TIMEOUT_S
+        self.internal_errors = 0              # exceptions outside the server's checks (each one a defect)
+        self.turned_away = 0                  # connections closed at once: --max-clients reached
         self._stopping = threading.Event()
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self.connections: set[Connection] = set()
         self.finished: list[Connection] = []      # closed connections, with their counts (for tests and stats)
         self._lock = threading.Lock()
-        self._computer: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+        self._computer: tuple[int, _Scheduler] | None = None
 
-    def compute_thread(self) -> concurrent.futures.ThreadPoolExecutor:
+    def scheduler(self) -> _Scheduler:
         """The one thread that computes every graph (made on first use, and again in a forked child, where
         the parent's thread does not exist)."""
         with self._lock:
             if self._computer is None or self._computer[0] != os.getpid():
-                self._computer = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="refimpl-rpc-compute"))
+                self._computer = (os.getpid(), _Scheduler(self))
             return self._computer[1]
 
     @staticmethod
@@ -653,20 +874,52 @@ class Server:
         return self
 
     def _accept_loop(self) -> None:
+        """Accepts until stop(): a failure to accept (descriptors exhausted) or to start a connection's thread
+        is logged and survived, never the end of the loop."""
+        failing = 0
         while not self._stopping.is_set():
             try:
                 sock, peer = self._sock.accept()
             except socket.timeout:
                 continue
-            except OSError:
-                break
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(self, sock, f"{peer[0]}:{peer[1]}")
-            with self._lock:
-                self.connections.add(conn)
-            log.info("accepted connection %s", conn.peer)
-            t = threading.Thread(target=conn.serve, name=f"refimpl-rpc-{conn.peer}", daemon=True)
+            except OSError as e:
+                if self._stopping.is_set():
+                    break
+                failing += 1
+                if failing == 1 or failing % 100 == 0:
+                    log.error("accept failed (%d time(s) in a row), still listening: %s", failing, e)
+                time.sleep(min(0.01 * failing, 1.0))
+                continue
+            failing = 0
+            try:
+                self._admit(sock, f"{peer[0]}:{peer[1]}")
+            except Exception as e:                  # noqa: BLE001 -- e.g. no thread to be had: this client only
+                log.error("could not serve %s:%s, closing it: %s", peer[0], peer[1], e)
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        with self._lock:
+            full = len(self.connections) >= self.max_clients
+        if full:
+            self.turned_away += 1
+            log.warning("connection %s turned away: %d clients connected (--max-clients)", peer, self.max_clients)
+            sock.close()
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(self, sock, peer)
+        with self._lock:
+            self.connections.add(conn)
+        log.info("accepted connection %s", conn.peer)
+        t = threading.Thread(target=conn.serve, name=f"refimpl-rpc-{conn.peer}", daemon=True)
+        try:
             t.start()
+        except BaseException:
+            with self._lock:
+                self.connections.discard(conn)
+            raise
 
     def _connection_done(self, conn: Connection) -> None:
         with self._lock:
@@ -703,7 +956,7 @@ class Server:
         with self._lock:
             computer, self._computer = self._computer, None
         if computer is not None and computer[0] == os.getpid():
-            computer[1].shutdown(wait=False)
+            computer[1].stop()
 
     def __enter__(self):
         return self.start()
