@@ -15,6 +15,7 @@ and the server converts it to the node's type and writes it into the node's byte
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -111,6 +112,90 @@ def _reg(*names):
             OPS[n] = fn
         return fn
     return deco
+
+
+# -- output shapes that op_params imply --------------------------------------------------------------------
+# For the ops whose result's size comes from op_params (ggml.c computes `ne` from them when the graph is
+# built), ggml's formula: the server compares it with the node's own ne before the op allocates anything, so
+# that hostile op_params cannot make an op allocate past what the node holds.
+# (node ne, sources' ne, params) -> the ne ggml would give the node, or None when the params are impossible
+SHAPES: dict[str, Callable] = {}
+
+
+def _shape(name):
+    def deco(fn):
+        SHAPES[name] = fn
+        return fn
+    return deco
+
+
+def _conv_out(ins, ks, s, p, d):              # ggml_calc_conv_output_size
+    return (ins + 2 * p - d * (ks - 1) - 1) // s + 1 if s > 0 else None
+
+
+def _pool_out(ins, ks, s, p):                 # ggml_calc_pool_output_size (float p, truncated)
+    return int((ins + 2 * p - ks) / s + 1) if s > 0 else None
+
+
+@_shape("ARANGE")
+def _arange_ne(ne, src, p):
+    start, stop, step = p.f(0), p.f(1), p.f(2)
+    if not (math.isfinite(start) and math.isfinite(stop) and math.isfinite(step)) or step == 0 or stop <= start:
+        return None
+    return [math.ceil(np.float32(stop - start) / np.float32(step)), 1, 1, 1]
+
+
+@_shape("TIMESTEP_EMBEDDING")
+def _timestep_ne(ne, src, p):
+    return [p.i(0), src[0][0], 1, 1]
+
+
+@_shape("PAD")
+def _pad_ne(ne, src, p):
+    return [src[0][k] + p.i(2 * k) + p.i(2 * k + 1) for k in range(4)]
+
+
+@_shape("POOL_1D")
+def _pool_1d_ne(ne, src, p):
+    o = _pool_out(src[0][0], p.i(1), p.i(2), p.i(3))
+    return None if o is None else [o, *src[0][1:]]
+
+
+@_shape("POOL_2D")
+def _pool_2d_ne(ne, src, p):
+    o0, o1 = _pool_out(src[0][0], p.i(1), p.i(3), p.i(5)), _pool_out(src[0][1], p.i(2), p.i(4), p.i(6))
+    return None if o0 is None or o1 is None else [o0, o1, src[0][2], src[0][3]]
+
+
+@_shape("CONV_TRANSPOSE_1D")
+def _conv_t1d_ne(ne, src, p):
+    s0 = p.i(0)
+    return [(src[1][0] - 1) * s0 + src[0][0], src[0][1], src[1][2], 1] if s0 > 0 else None
+
+
+@_shape("CONV_TRANSPOSE_2D")
+def _conv_t2d_ne(ne, src, p):
+    s = p.i(0)
+    return [(src[1][0] - 1) * s + src[0][0], (src[1][1] - 1) * s + src[0][1], src[0][2], src[1][3]] if s > 0 \
+        else None
+
+
+@_shape("IM2COL")
+def _im2col_ne(ne, src, p):
+    s0, s1, p0, p1, d0, d1, is_2d = (p.i(k) for k in range(7))
+    a, b = src
+    ow = _conv_out(b[0], a[0], s0, p0, d0)
+    oh = _conv_out(b[1], a[1], s1, p1, d1) if is_2d else 0
+    if ow is None or oh is None:
+        return None
+    return [a[2] * a[1] * a[0], ow, oh, b[3]] if is_2d else [a[1] * a[0], ow, b[2], 1]
+
+
+def implied_ne(op: str, ne: list[int], srcs: list[list[int]], p: Params) -> list[int] | None:
+    """The ne that `op`'s op_params and sources imply for its result, where they decide it (SHAPES); the
+    node's own ne for every other op. None: the params are impossible (a zero stride, an empty range)."""
+    f = SHAPES.get(op)
+    return list(ne) if f is None else f(ne, srcs, p)
 
 
 # -- element-wise and reductions --------------------------------------------------------------------------

@@ -518,6 +518,9 @@ class Connection:
         need more memory than --mem has free."""
         if _aliasing(n):
             raise ggml_ops.Unsupported(f"its {_elements(n)} elements share {n.nbytes} bytes (aliasing strides)")
+        want = ggml_ops.implied_ne(n.op_name, n.ne, [tensors[s].ne for s in n.src if s], n.params)
+        if want != n.ne:
+            raise ggml_ops.Unsupported(f"its op_params and sources imply ne {want}, the node has ne {n.ne}")
         need = 8 * (_elements(n) + sum(_elements(tensors[s]) for s in n.src if s))
         free = self.server.memory.free_now()
         if need > free:

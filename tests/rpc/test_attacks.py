@@ -83,6 +83,28 @@ def test_temporaries_beyond_mem_are_refused_before_they_are_made(hostile, rpc_lo
     hostile.check()
 
 
+@pytest.mark.parametrize("op, params, srcs", [
+    ("ARANGE", np.float32([0, 1e12, 1]).view(np.int32), 0),              # 10^12 steps for a node of 16
+    ("TIMESTEP_EMBEDDING", np.int32([1 << 30, 10000]), 1),                 # dim 2^30
+    ("PAD", np.int32([0, 1 << 30, 0, 0, 0, 0, 0, 0, 0]), 1),               # 2^30 columns of padding
+    ("POOL_2D", np.int32([0, 1, 1, 1, 1, -(1 << 30), -(1 << 30)]), 1),     # a huge negative padding
+    ("CONV_TRANSPOSE_1D", np.int32([1 << 30, 0, 1]), 2),                   # stride 2^30
+    ("IM2COL", np.int32([0, 0, 0, 0, 1, 1, 1]), 2),                        # stride 0
+])
+def test_op_params_that_imply_a_bigger_result_are_refused_first(hostile, rpc_log, op, params, srcs):
+    hostile.max_graph_work = float("inf")
+    with Client("127.0.0.1", hostile.port) as c:
+        buf, _ = c.alloc_buffer(1 << 16)
+        base = c.buffer_get_base(buf)
+        src = [T(1, "f32", [4, 4], buf, base), T(2, "f32", [8, 4], buf, base + 256)][:srcs]
+        out = T(3, "f32", [16], buf, base + 1024, op=op, src=src, params=params)
+        t0 = time.monotonic()
+        graph(c, [out], [*src, out])
+        assert time.monotonic() - t0 < 2.0
+    assert any("imply ne" in m for m in rpc_log.messages()), rpc_log.messages()
+    hostile.check()
+
+
 def test_a_graph_over_the_work_limit_is_refused_with_a_log_line(hostile, rpc_log):
     with Client("127.0.0.1", hostile.port) as c:
         buf, _ = c.alloc_buffer(1 << 20)
