@@ -106,7 +106,7 @@ def write_report(records: list[dict], meta: dict, out, unsupported: list[str] = 
     return path
 
 
-def _plot(records: list[dict], path: Path) -> Path | None:
+def _plot(records: list[dict], path: Path, per_row: int = 30) -> Path | None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -114,29 +114,35 @@ def _plot(records: list[dict], path: Path) -> Path | None:
     except ImportError:
         return None
     ops = sorted({r["op"] for r in records})
-    x = {op: i for i, op in enumerate(ops)}
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.28 * len(ops) + 2), 4.2))
-    for side, dx, color, label in (("err_backend", -0.15, "tab:blue", records[0]["backend"] if records else ""),
-                                   ("err_cpu", 0.15, "tab:orange", "ggml-cpu (reference mode)")):
-        xs, ys = [], []
-        for r in records:
-            e = r[side]
-            if e is None:
-                continue
-            xs.append(x[r["op"]] + dx)
-            ys.append(min(max(e, FLOOR), 1e3) if math.isfinite(e) else 1e3)
-        ax.scatter(xs, ys, s=6, color=color, alpha=0.5, label=label, linewidths=0)
-    for op in ops:
-        b = max(r["budget"] for r in records if r["op"] == op)
-        ax.hlines(max(b, FLOOR), x[op] - 0.4, x[op] + 0.4, color="black", linewidth=1)
-    ax.set_yscale("log")
-    ax.set_ylim(FLOOR / 3, 3e3)
-    ax.set_xticks(range(len(ops)))
-    ax.set_xticklabels(ops, rotation=90, fontsize=7)
-    ax.set_ylabel("error against refimpl (0 drawn at 1e-18)")
-    ax.set_title("each side's error against refimpl per case; black: ggml's budget for the op", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    rows = [ops[i:i + per_row] for i in range(0, len(ops), per_row)] or [[]]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(12, 2.6 * len(rows) + 0.6), squeeze=False)
+    backend = records[0]["backend"] if records else ""
+    for ax, names in zip(axes[:, 0], rows):
+        x = {op: i for i, op in enumerate(names)}
+        for side, dx, color, label in (("err_backend", -0.17, "tab:blue", f"{backend} (under test)"),
+                                       ("err_cpu", 0.17, "tab:orange", "ggml-cpu (reference mode)")):
+            xs, ys = [], []
+            for r in records:
+                e = r[side]
+                if e is None or r["op"] not in x:
+                    continue
+                xs.append(x[r["op"]] + dx)
+                ys.append(min(max(e, FLOOR), 1e3) if math.isfinite(e) else 1e3)
+            ax.scatter(xs, ys, s=10, color=color, alpha=0.6, label=label, linewidths=0)
+        for op in names:
+            b = max(r["budget"] for r in records if r["op"] == op)
+            ax.hlines(max(b, FLOOR), x[op] - 0.42, x[op] + 0.42, color="black", linewidth=1.2)
+        ax.set_yscale("log")
+        ax.set_ylim(FLOOR / 3, 3e3)
+        ax.set_xlim(-0.6, per_row - 0.4)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(axis="y", alpha=0.2)
+    axes[0, 0].set_title("error against refimpl per case (0 drawn at 1e-18); black: ggml's budget for the op",
+                         fontsize=9)
+    axes[0, 0].legend(fontsize=7, loc="upper right", ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
