@@ -152,7 +152,7 @@ def _wanted(name: str) -> bool:
 
 def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
                   type_kv: int = 1, pooling: int | None = None, isolate: bool = True,
-                  rpc: str | None = None, greedy: int = 0) -> LlamaCppRun:
+                  rpc: str | None = None, greedy: int = 0, node_hook=None) -> LlamaCppRun:
     """One llama_decode of `tokens` (logits for every position) on llama.cpp's CPU backend, as the goldens
     were made: no weight repacking (use_extra_bufts=False), flash attention off, K/V cache of ggml type
     `type_kv` (1: f16, llama.cpp's default; 0: f32), n_batch = n_ubatch >= len(tokens). With `capture`
@@ -171,11 +171,17 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
 
     rpc ("HOST:PORT"): offload every layer, the output and the KV cache to the ggml RPC server there (`refimpl
     serve`, or ggml's own rpc-server), as `llama-cli --rpc HOST:PORT -ngl 99` does; llama-cpp-python must be
-    built with -DGGML_RPC=ON (scripts/setup.sh does)."""
+    built with -DGGML_RPC=ON (scripts/setup.sh does).
+
+    node_hook (isolate=False only): called as node_hook(libggml, tensor address, before) for every node of the
+    graph, with before=True just before it is computed (its sources hold their inputs) and before=False
+    right after (llama.cpp's scheduler then computes the graph node by node)."""
     tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
     if not tokens:
         raise ValueError("run_llama_cpp: no tokens")
     if isolate:
+        if node_hook is not None:
+            raise ValueError("run_llama_cpp: node_hook needs isolate=False (a function cannot cross processes)")
         return _run_isolated(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture,
                              type_kv=type_kv, pooling=pooling, rpc=rpc, greedy=greedy)
     foreign = _foreign_ggml()
@@ -183,7 +189,7 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
         raise RuntimeError("run_llama_cpp(isolate=False): this process has another libggml loaded "
                            f"({', '.join(foreign)}); llama.cpp would run its kernels. Use isolate=True.")
     return _run_here(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture, type_kv=type_kv,
-                     pooling=pooling, rpc=rpc, greedy=greedy)
+                     pooling=pooling, rpc=rpc, greedy=greedy, node_hook=node_hook)
 
 
 def _run_isolated(model_path, tokens, **kw) -> LlamaCppRun:
@@ -256,7 +262,7 @@ def register_rpc_server(endpoint: str) -> None:
 
 def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
               type_kv: int = 1, pooling: int | None = None, rpc: str | None = None,
-              greedy: int = 0) -> LlamaCppRun:
+              greedy: int = 0, node_hook=None) -> LlamaCppRun:
     import llama_cpp
     import llama_cpp.llama_cpp as C
     lib = _ggml_lib()
@@ -277,6 +283,9 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
     @C.ggml_backend_sched_eval_callback
     def eval_cb(t, ask, user_data):
         try:
+            if node_hook is not None:
+                node_hook(lib, t, bool(ask))
+                return True
             name = lib.ggml_get_name(t).decode("utf-8", "replace")
             if ask:
                 return _wanted(name)
@@ -310,7 +319,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
         if pooling is not None:
             cp.embeddings = True
             cp.pooling_type = int(pooling)
-        if capture:
+        if capture or node_hook is not None:
             cp.cb_eval = eval_cb
             cp.cb_eval_user_data = None
         ctx = C.llama_init_from_model(model, cp)

@@ -272,6 +272,10 @@ def add_parser(sub) -> None:
                    "./conformance-BACKEND-DATE)")
     s.add_argument("--no-second-reference", action="store_true", help="skip refimpl's ggml numerics (the "
                    "'undecided' check where the sides disagree)")
+    s.add_argument("--model", metavar="GGUF", help="judge a whole model instead of test-backend-ops' cases: "
+                   "llama.cpp on the backend against refimpl exact, KL divergence per position and the first "
+                   "node over its op's budget (refimpl/conformance/model.py)")
+    s.add_argument("--prompt", default="The capital of France is", help="the prompt for --model")
     s.set_defaults(fn=cli)
 
 
@@ -280,10 +284,40 @@ def cli(args) -> int:
     output, not the exit status)."""
     if args.backend not in BACKENDS:
         raise ConformanceError(f"unknown backend {args.backend!r}; refimpl judges: {', '.join(BACKENDS)}")
+    if args.model:
+        return _cli_model(args)
     if sum(map(bool, (args.cases, args.ops, args.subset))) > 1:
         raise ConformanceError("--cases, --subset and -o/--ops each select cases: give one")
     cases = SUBSETS[args.subset] if args.subset else args.cases
     s = run(args.backend, args.ops, args.params, args.out, cases_file=cases,
             second_reference=not args.no_second_reference, progress=lambda m: print(m, file=sys.stderr))
     print(summary_line(args.backend, s))
+    return 0
+
+
+def _cli_model(args) -> int:
+    """`refimpl conformance -b BACKEND --model GGUF`: the model's verdict in a few lines."""
+    if args.ops or args.cases or args.subset or args.params:
+        raise ConformanceError("--model judges a model's own graph: -o, -p, --cases and --subset do not apply")
+    if not Path(args.model).exists():
+        raise ConformanceError(f"{args.model}: no such file")
+    if args.backend != "cpu" and not os.environ.get("LLAMA_CPP_LIB_PATH"):
+        raise ConformanceError(f"judging a model on {args.backend} needs libllama built for it: set "
+                               "LLAMA_CPP_LIB_PATH to its directory (llama-cpp-python's own build is the portable "
+                               "ggml-cpu, -b cpu)")
+    from .model import judge_model
+    out = Path(args.out) if args.out else Path(f"conformance-{args.backend}-model")
+    r = judge_model(args.model, args.prompt, out=out, progress=lambda m: print(m, file=sys.stderr))
+    kl = r["kl"]
+    print(f"{args.model} on {args.backend}: {len(r['tokens'])} positions, KL(refimpl || backend) mean "
+          f"{r['kl_mean']:.3g} max {r['kl_max']:.3g} nats, top-1 agreement {100 * r['top1_agree']:.0f}%")
+    print(f"  {r['judged']} nodes judged on their own inputs: {r['over']} over their op's budget, "
+          f"{r['undecided']} of them undecided (refimpl's ggml numerics reproduce the backend there)")
+    for key, what in (("first_over", "first node wrong"), ("first_undecided", "first undecided")):
+        f = r[key]
+        if f:
+            print(f"  {what}: {f['name']} ({f['op']}, ne {f['ne']}): NMSE {f['nmse']:.3g} > {f['budget']:.3g}; "
+                  f"at [{f['index']}] backend {f['backend']:.9g}, refimpl {f['refimpl']:.9g}, refimpl ggml "
+                  f"numerics {f['refimpl_ggml']:.9g}")
+    print(f"  per position KL: {' '.join(f'{x:.2g}' for x in kl)}; {out}/model.json")
     return 0

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from refimpl.conformance import SUBSETS, read_cases
@@ -91,3 +92,25 @@ def test_bad_input_is_one_line(argv, message, tmp_path):
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 1 and last.startswith("refimpl: error: ") and message in last, p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_model_judged_node_by_node_on_portable_cpu(name, tmp_path):
+    """Every node of llama.cpp's graph on ggml-cpu, computed again by refimpl from ggml-cpu's own inputs: no node
+    is wrong, and where one is over its op's budget, refimpl's ggml numerics reproduce ggml-cpu's bits there
+    (the departure is ggml's own rounding, e.g. the Q8 activations of a quantized product)."""
+    from refimpl.conformance.model import judge_model
+    from refimpl.fetch import path
+    p = path(name)
+    if not p.exists():
+        pytest.fail(f"{p} is not in the cache: refimpl fetch {name} (scripts/test.sh does)")
+    r = judge_model(p, "The capital of France is", out=tmp_path)
+    print(f"\n{name}: KL mean {r['kl_mean']:.3g} max {r['kl_max']:.3g} nats over {len(r['tokens'])} positions, "
+          f"top-1 {r['top1_agree']:.0%}; {r['judged']} nodes judged, {r['over']} over budget, "
+          f"{r['undecided']} undecided; first undecided: {r['first_undecided'] and r['first_undecided']['name']}")
+    assert r["judged"] == r["nodes"] > 300
+    assert all(k >= -1e-12 and np.isfinite(k) for k in r["kl"]), "KL divergence is finite and >= 0"
+    assert r["first_over"] is None, r["first_over"]
+    over = [n for n in r["per_node"] if n.get("nmse", 0) > n.get("budget", 1)]
+    assert all(n["verdict"] == "undecided" and n["nmse_ggml"] == 0.0 for n in over), over[:3]
+    assert (tmp_path / "model.json").exists()
