@@ -30,7 +30,8 @@ SHORTFALLS = """
   failure): ggml-cpu's `ggml_compute_forward_sum_f32` (ggml-cpu/ops.cpp) asserts `src0->nb[0] == sizeof(float)`
   with `assert` (compiled out in release builds) and then sums each row as contiguous floats, so for a
   permuted source it adds other elements than the tensor's. refimpl sums the tensor's own elements; the
-  comparison is against ggml-cpu's out-of-spec answer, and refimpl keeps the defined result.
+  comparison is against ggml-cpu's out-of-spec answer, and refimpl keeps the defined result. `refimpl conformance`,
+  which measures ggml-cpu against refimpl, judges it ggml-cpu's bug ([refimpl judges ggml](conformance.md)).
 - **Not computed by design**: `MAP_CUSTOM1..3` and `CUSTOM` (a client-side C callback: its code never crosses
   the wire) and the legacy `FLASH_ATTN_BACK`; test-backend-ops sends none of them.
 
