@@ -95,3 +95,16 @@ def test_bad_input_is_one_clear_error(tmp_path):
         conformance.run("metal", out=tmp_path)
     with pytest.raises(ConformanceError, match="not a regular expression"):
         conformance.run("cpu", params="([", out=tmp_path)
+
+
+def test_a_crash_is_the_backend_s_verdict_and_the_report_takes_it(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the notebooks extra)")
+    crash = conformance._crash_record("MUL_MAT_ID(type_a=nvfp4)", "Vulkan0", -11)
+    assert crash["verdict"] == "backend wrong" and crash["crash"] == "signal 11" and crash["err_backend"] == math.inf
+    recs = [crash, judge(raw(op="MUL_MAT_ID"))]
+    meta = {"backend": "vulkan", "device": "Vulkan0", "about": "x", "cpu": "x", "date": "d", "seconds": 1.0}
+    text = write_report(recs, meta, tmp_path).read_text()
+    assert "| MUL_MAT_ID | 2 | 1 | 1 |" in text and "signal 11" in text
+    path = tmp_path / "c.jsonl"
+    path.write_text(verdicts.to_json(crash) + "\n")
+    assert read_cases(path)[0]["err_backend"] == math.inf

@@ -24,7 +24,9 @@ A case ggml-cpu cannot run is judged on the backend alone (`cpu_supported` false
 """
 from __future__ import annotations
 
+import collections
 import json
+import math
 import os
 import re
 import subprocess
@@ -178,24 +180,48 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
             env["GGML_JUDGE_REF2"] = "RPC1"
         raw_path = out / "raw.jsonl"
         raw_path.unlink(missing_ok=True)
-        cmd = [str(bindir / "test-backend-ops"), "test", "-b", be.device]
-        if ops:
-            cmd += ["-o", ops]
-        if params:
-            cmd += ["-p", params]
         progress(f"conformance: {be.device} against refimpl (exact, {servers[0].endpoint}) and ggml-cpu"
                  + (f"; refimpl ggml numerics ({servers[1].endpoint}) where they disagree" if second_reference
                     else ""))
         log_path = out / "test-backend-ops.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            _follow(proc, raw_path, progress, t0)
+        log_path.write_text("")
+        crashes, selection, listing = [], ops, None
+        while True:
+            cmd = [str(bindir / "test-backend-ops"), "test", "-b", be.device]
+            cmd += ["-o", selection] if selection else []
+            cmd += ["-p", params] if params else []
+            with open(log_path, "a") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                _follow(proc, raw_path, progress, t0)
+            if proc.returncode in (0, 1):           # 1: some case failed, which the verdicts say
+                break
+            # it died on a case: the backend's crash is that case's verdict, and the run goes on after it
+            if listing is None:
+                listing = _case_list(bindir, be.device, ops, params, env)
+            judged = collections.Counter(json.loads(ln)["case"] for ln in raw_path.read_text().splitlines()) \
+                if raw_path.exists() else collections.Counter()
+            for c in crashes:
+                judged[c["case"]] += 1
+            todo = []
+            for c, ok in listing:
+                if not ok:
+                    continue
+                if judged[c] > 0:
+                    judged[c] -= 1
+                else:
+                    todo.append(c)
+            if not todo:
+                break
+            crashes.append(_crash_record(todo[0], be.device, proc.returncode))
+            progress(f"conformance: test-backend-ops died (exit status {proc.returncode}) on {todo[0]}; "
+                     f"going on with the {len(todo) - 1} cases after it")
+            if len(todo) == 1:
+                break
+            selection = ",".join(todo[1:])
         records = [judge(json.loads(ln)) for ln in raw_path.read_text().splitlines()] if raw_path.exists() else []
-        if proc.returncode not in (0, 1):         # 1: some case failed, which the verdicts say; else it died
-            last = records[-1]["case"] if records else "none"
-            raise ConformanceError(f"test-backend-ops stopped (exit status {proc.returncode}) after {len(records)} "
-                                   f"cases, the last judged {last}: see {log_path}")
-        unsupported = sorted(set(re.findall(r"^  (\S+\(.*\)): not supported \[", log_path.read_text(), re.M)))
+        records += crashes
+        unsupported = set(re.findall(r"^  (\S+\(.*\)): not supported \[", log_path.read_text(), re.M))
+        unsupported = sorted(unsupported | {c for c, ok in listing or () if not ok})
     finally:
         for s in servers:
             s.stop()
@@ -222,9 +248,32 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     return summary
 
 
+def _case_list(bindir: Path, device: str, ops: str | None, params: str | None, env: dict) -> list[tuple[str, bool]]:
+    """test-backend-ops' cases for this selection, in the order it runs them, each with whether `device`
+    supports it."""
+    import csv
+    import io
+    cmd = [str(bindir / "test-backend-ops"), "support", "-b", device, "--output", "csv"]
+    cmd += ["-o", ops] if ops else []
+    cmd += ["-p", params] if params else []
+    env = {k: v for k, v in env.items() if not k.startswith("GGML_JUDGE")}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    return [(f"{r['op_name']}({r['op_params']})", r.get("supported") == "1")
+            for r in csv.DictReader(io.StringIO(p.stdout)) if r.get("backend_name") == device]
+
+
+def _crash_record(case: str, device: str, status: int) -> dict:
+    """A case the backend's process died on: `backend wrong`, with the exit status (negative: the signal)."""
+    how = f"signal {-status}" if status < 0 else f"exit status {status}"
+    return {"op": case.split("(", 1)[0], "case": case, "backend": device, "budget": None, "err_backend": math.inf,
+            "err_cpu": None, "cpu_supported": True, "verdict": "backend wrong", "crash": how,
+            "reason": f"test-backend-ops died on this case ({how}); the cases before it ran in the same process"}
+
+
 def _follow(proc: subprocess.Popen, raw_path: Path, progress, t0: float, every: float = 10.0) -> None:
     """Wait for test-backend-ops, printing a progress line every `every` seconds and at the end."""
-    seen, last_op, pos, shown = 0, "", 0, time.monotonic()
+    seen, last_op, shown = 0, "", time.monotonic()
+    pos = raw_path.stat().st_size if raw_path.exists() else 0
     while True:
         done = proc.poll() is not None
         if raw_path.exists():

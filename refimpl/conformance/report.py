@@ -130,7 +130,7 @@ def _plot(records: list[dict], path: Path, per_row: int = 30) -> Path | None:
                 ys.append(min(max(e, FLOOR), 1e3) if math.isfinite(e) else 1e3)
             ax.scatter(xs, ys, s=10, color=color, alpha=0.6, label=label, linewidths=0)
         for op in names:
-            b = max(r["budget"] for r in records if r["op"] == op)
+            b = max(r["budget"] or 0.0 for r in records if r["op"] == op)
             ax.hlines(max(b, FLOOR), x[op] - 0.42, x[op] + 0.42, color="black", linewidth=1.2)
         ax.set_yscale("log")
         ax.set_ylim(FLOOR / 3, 3e3)

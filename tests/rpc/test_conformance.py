@@ -41,12 +41,12 @@ def _judge(backend: str, tmp_path):
 
     assert all("worst" in r for r in recs if r["verdict"] != "agree")
     s = [r for r in recs if r["case"] == SUM_CASE]
-    assert s and all(r["err_cpu"] > r["budget"] for r in s), "ggml-cpu's SUM bug is over budget in every run"
+    assert all(r["err_cpu"] > r["budget"] for r in s), "ggml-cpu's SUM bug is over budget wherever it is judged"
     return recs
 
 
 def _same_verdicts(recs, recorded):
-    got = sorted([r["case"], r["verdict"]] for r in recs)
+    got = sorted([r["case"], r["verdict"]] for r in recs if "crash" not in r)
     if os.environ.get("REFIMPL_RECORD_CONFORMANCE"):
         recorded.parent.mkdir(parents=True, exist_ok=True)
         recorded.write_text("[\n" + ",\n".join(json.dumps(x) for x in got) + "\n]\n")
@@ -60,7 +60,7 @@ def test_ci_subset_judged_for_portable_cpu(tmp_path):
     _vendor.bin_dir()                            # the portable build, with the judge patch (cached)
     recs = _judge("cpu", tmp_path)
     s = [r for r in recs if r["case"] == SUM_CASE]
-    assert all(r["verdict"] == "both wrong" and r["err_backend"] > r["budget"] for r in s), \
+    assert s and all(r["verdict"] == "both wrong" and r["err_backend"] > r["budget"] for r in s), \
         "ggml-cpu's optimized path shares the bug of its reference mode"
     assert all(r["cpu_supported"] for r in recs), "under test, ggml-cpu runs only what ggml-cpu can run"
     _same_verdicts(recs, GOLDEN / "cpu-ci.json")
@@ -76,7 +76,20 @@ def test_ci_subset_judged_for_vulkan_on_lavapipe(tmp_path):
                     "--profile vulkan builds it (tens of minutes)")
     recs = _judge("vulkan", tmp_path)
     assert any(not r["cpu_supported"] for r in recs), "Vulkan runs cases ggml-cpu cannot: judged for the first time"
-    _same_verdicts(recs, GOLDEN / "vulkan-ci.json")
+    # ggml-vulkan on Mesa 22.3's lavapipe corrupts its heap somewhere in this subset: the process dies (SIGSEGV
+    # in lavapipe's worker, or glibc's "double free"), on a case that varies from run to run; the judge records
+    # the case it died on as `backend wrong` (a crash) and goes on after it. Those records are printed, and the
+    # verdicts of every other case must be the recorded ones.
+    crashes = [r for r in recs if "crash" in r]
+    print(f"vulkan: {len(crashes)} crash(es): " + "; ".join(f"{r['case']} ({r['crash']})" for r in crashes))
+    if os.environ.get("REFIMPL_RECORD_CONFORMANCE"):
+        _same_verdicts(recs, GOLDEN / "vulkan-ci.json")
+    now = {r["case"]: r["verdict"] for r in recs if "crash" not in r}
+    want = dict(map(tuple, json.loads((GOLDEN / "vulkan-ci.json").read_text())))
+    crashed = {r["case"] for r in crashes}
+    changed = [(c, now[c], v) for c, v in want.items() if c in now and now[c] != v]
+    lost = [c for c in want if c not in now and c not in crashed]
+    assert not changed and not lost, f"verdicts changed (case, now, recorded): {changed[:10]}; not judged: {lost[:5]}"
 
 
 @pytest.mark.parametrize("argv, message", [
