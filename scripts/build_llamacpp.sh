@@ -39,7 +39,7 @@ case "$profile" in
   portable) flags="$isa $rest"; targets=(test-backend-ops test-llama-archs ggml-rpc-server) ;;
   native) flags="-DGGML_NATIVE=ON $rest" ;;
   blas)
-    if ! ls /usr/include/cblas.h /usr/include/*/cblas.h /usr/include/*/openblas*/cblas.h 2>/dev/null | grep -q .; then
+    if ! compgen -G "/usr/include/cblas.h" >/dev/null && ! compgen -G "/usr/include/*/cblas.h" >/dev/null; then
       echo "build_llamacpp.sh: ggml-blas needs OpenBLAS's headers: apt-get install libopenblas-dev" >&2; exit 1
     fi
     flags="$isa $rest -DGGML_BLAS=ON -DGGML_BLAS_VENDOR=OpenBLAS" ;;
