@@ -123,18 +123,22 @@ def _devices(bindir: Path, backend: Backend, env: dict) -> dict[str, str]:
     return found
 
 
-def _check_ops(bindir: Path, ops: str, env: dict) -> None:
-    """Fail on an op name in `ops` that names no case of test-backend-ops (asked of its own case list)."""
+def _check_ops(bindir: Path, ops: str, env: dict) -> list[str]:
+    """The op names in `ops` that test-backend-ops' `support` listing does not know: an unknown op when no op
+    of ggml has the name, else (a composite test such as TOPK_QSA, which `support` does not list) returned,
+    to be checked against the run's records."""
     names = [e for e in ops.split(",") if re.fullmatch(r"[A-Z0-9_]+", e)]
     if not names:
-        return
+        return []
     p = subprocess.run([str(bindir / "test-backend-ops"), "support", "-b", "CPU", "-o", ",".join(names),
                         "--output", "csv"], capture_output=True, text=True, env=env, timeout=300)
     found = set(re.findall(r'^"[^"]*","([^"]+)"', p.stdout, re.M))
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise ConformanceError(f"unknown op {', '.join(missing)}: test-backend-ops has no case of it (its ops are "
-                               f"ggml's names as test-backend-ops prints them: ADD, MUL_MAT, FLASH_ATTN_EXT, ...)")
+    return [n for n in names if n not in found]
+
+
+def _unknown_ops(names: list[str]) -> ConformanceError:
+    return ConformanceError(f"unknown op {', '.join(names)}: test-backend-ops has no case of it (its ops are "
+                            f"ggml's names as test-backend-ops prints them: ADD, MUL_MAT, FLASH_ATTN_EXT, ...)")
 
 
 def run(backend: str, ops: str | None = None, params: str | None = None, out: str | os.PathLike | None = None,
@@ -168,8 +172,10 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     if be.name == "vulkan":
         env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")     # lavapipe is a CPU-type device, skipped unless named
     devices = _devices(bindir, be, env)
-    if ops and cases_file is None:
-        _check_ops(bindir, ops, env)
+    unlisted = _check_ops(bindir, ops, env) if ops and cases_file is None else []
+    from .verdicts import ops_known
+    if [n for n in unlisted if not ops_known(n)]:
+        raise _unknown_ops([n for n in unlisted if not ops_known(n)])
     servers = [_Server("exact", out / "serve-exact.log")]
     try:
         if second_reference:
@@ -227,6 +233,9 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     finally:
         for s in servers:
             s.stop()
+    seen_ops = {r["op"] for r in records} | {c.split("(", 1)[0] for c in unsupported}
+    if [n for n in unlisted if n not in seen_ops]:
+        raise _unknown_ops([n for n in unlisted if n not in seen_ops])
     if not records:
         what = " ".join(x for x in (f"-o {ops[:80]!r}" if ops else "", f"-p {params!r}" if params else "") if x)
         raise ConformanceError(f"no test-backend-ops case matched {what or 'the selection'} on "

@@ -109,3 +109,11 @@ def summarize(records: list[dict]) -> dict:
     first = [r for r in records if not r["cpu_supported"]]
     return {"cases": len(records), "verdicts": counts, "first_time": len(first),
             "first_time_wrong": sum(r["verdict"] != "agree" for r in first)}
+
+
+def ops_known(name: str) -> bool:
+    """Whether `name` could be a test-backend-ops op name: a ggml op, unary or GLU op, or a name made of them
+    (fused and composite tests: ADD_RMS_NORM, TOPK_QSA, MUL_MAT_ID_FUSION)."""
+    from ..rpc.ggml_ops import GLU_NAMES, OP_NAMES, UNARY_NAMES
+    known = set(OP_NAMES) | set(UNARY_NAMES) | set(GLU_NAMES) | {"TOPK"}
+    return name in known or any(name.startswith(k + "_") or name.endswith("_" + k) for k in known if len(k) > 2)

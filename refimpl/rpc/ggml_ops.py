@@ -286,6 +286,10 @@ def _solve_tri(node, s, p):
 # -- data movement ------------------------------------------------------------------------------------------
 @_reg("CPY")
 def _cpy(node, s, p):
+    if s[1] is None:
+        # ggml_cast makes src1 the node itself, which ggml_backend_graph_copy drops (it sets a copy's sources
+        # before the copy exists): the destination is the node, whose type the store converts to
+        return ops.cont(s[0], node.shape)
     return ops.cpy(s[0], s[1])
 
 
