@@ -40,7 +40,7 @@ def _judge(backend: str, tmp_path):
         "every case of the subset is judged or named as one the backend cannot run, and only those"
     assert (out / "report.md").exists() and (out / "errors.png").exists()
 
-    assert all("worst" in r for r in recs if r["verdict"] != "agree")
+    assert all("worst" in r for r in recs if r["verdict"] != "agree" and "crash" not in r)
     s = [r for r in recs if r["case"] == SUM_CASE]
     assert all(r["err_cpu"] > r["budget"] for r in s), "ggml-cpu's SUM bug is over budget wherever it is judged"
     return recs
