@@ -791,8 +791,8 @@ def interpolate(a: np.ndarray, ne0: int, ne1: int, ne2: int, ne3: int, mode: int
     if flags & SCALE_FLAG_ANTIALIAS:
         wy = _antialias_weights(ne1, n[1], sf[1], off)                 # (ne1, h)
         wx = _antialias_weights(ne0, n[0], sf[0], off)                 # (ne0, w)
-        num = np.einsum("yh,nchw,xw->ncyx", wy, x.astype(np.float64), wx, optimize=True)
-        tot = np.einsum("yh,xw->yx", wy, wx)
+        num = _separable(wy, x, wx)
+        tot = np.outer(wy.sum(1), wx.sum(1))
         return np.where(tot > 0, num / np.where(tot > 0, tot, 1), num).astype(np.float32)
     if m == SCALE_MODE_BILINEAR:
         wy = _linear_weights(ne1, n[1], sf[1], off)
@@ -800,7 +800,12 @@ def interpolate(a: np.ndarray, ne0: int, ne1: int, ne2: int, ne3: int, mode: int
     else:
         wy = _cubic_weights(ne1, n[1], sf[1], off)
         wx = _cubic_weights(ne0, n[0], sf[0], off)
-    return np.einsum("yh,nchw,xw->ncyx", wy, x.astype(np.float64), wx, optimize=True).astype(np.float32)
+    return _separable(wy, x, wx).astype(np.float32)
+
+
+def _separable(wy: np.ndarray, x: np.ndarray, wx: np.ndarray) -> np.ndarray:
+    """sum_hw wy[y, h] x[n, c, h, w] wx[x, w] in f64, as two matrix products (einsum's generic loop is ~50x slower)."""
+    return wy @ (x.astype(np.float64) @ wx.T)
 
 
 def _src_coord(n_out: int, sf: np.float32, off: np.float32) -> np.ndarray:
