@@ -25,7 +25,7 @@ Budgets are NMSE bounds per tensor from the tolerance table (`("compare", weight
 weight type being that of `blk.0.ffn_down.weight` (RWKV: `blocks.0.ffn.value.weight`); `over` marks a
 tensor beyond its budget.
 `refimpl compare --op OP` runs an op's named golden cases and a few drawn ones through refimpl and ggml-python
-(refimpl.testing.compare_op: part of the test toolkit, loaded for --op only).
+(`python -m refimpl.testing.compare_op`: part of the test toolkit, run as a program of its own).
 
 Needs llama-cpp-python (`compare`); it is not imported before use, and llama.cpp
 runs in a child interpreter: its libllama binds to whatever libggml the process already has loaded (ggml-python's
@@ -113,9 +113,20 @@ class _TensorHead(ctypes.Structure):
 
 
 def _ggml_lib():
-    """llama-cpp-python's libggml with the few tensor accessors used here declared."""
-    from llama_cpp import _ggml
-    lib = _ggml.libggml
+    """The libggml-base that llama-cpp-python's libllama uses (LLAMA_CPP_LIB_PATH's, else the package's own
+    lib/ directory), opened by ctypes by its exported C symbols, with the few tensor accessors used here
+    declared. Opening an already loaded library returns the same handle, so these are the functions the
+    running libllama calls."""
+    import importlib.util
+    from pathlib import Path
+    libdir = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if not libdir:
+        spec = importlib.util.find_spec("llama_cpp")
+        libdir = str(Path(spec.submodule_search_locations[0]) / "lib") if spec else ""
+    path = Path(libdir) / "libggml-base.so"
+    if not path.is_file():
+        raise ImportError(f"llama-cpp-python's libggml-base.so not found at {path}")
+    lib = ctypes.CDLL(str(path))
     for name, args, res in (("ggml_get_name", [ctypes.c_void_p], ctypes.c_char_p),
                             ("ggml_nbytes", [ctypes.c_void_p], ctypes.c_size_t),
                             ("ggml_backend_tensor_get", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
@@ -696,14 +707,7 @@ def cli(args) -> int:
     mode = args.numerics or "exact"
     try:
         if args.op:
-            try:        # the per-op comparison is the test toolkit's (op cases, ggml-python): loaded for --op only
-                from .testing.compare_op import compare_op
-            except ImportError as e:
-                print(f"refimpl: error: compare --op needs the optional package {e.name or e!s} (hypothesis and "
-                      "the ggml-python oracle): pip install 'refimpl[test]'", file=sys.stderr)
-                return 1
-            rows = compare_op(args.op, numerics=mode, n_cases=args.cases, seed=args.seed or 0)
-            title = f"{args.op}: refimpl (numerics={mode}) vs ggml-python, {len(rows)} cases"
+            return _compare_op_tool(args.op, mode, args.cases, args.seed or 0)
         else:
             if not args.model or (args.prompt is None and not args.tokens):
                 print("refimpl compare: give -m MODEL with -p PROMPT (or --tokens), or --op OP", file=sys.stderr)
@@ -734,8 +738,25 @@ def cli(args) -> int:
     except (ValueError, KeyError, ImportError) as e:
         print(f"refimpl: error: {e}", file=sys.stderr)
         return 2
-    print(format_table(rows, title, "case" if args.op else "tensor"))
+    print(format_table(rows, title, "tensor"))
     return 1 if first_over(rows) else 0
+
+
+def _compare_op_tool(op: str, numerics: str, n_cases: int, seed: int) -> int:
+    """`compare --op`: the per-op comparison belongs to the test toolkit (its op cases need hypothesis and
+    the ggml-python oracle), run as a program of its own so that the library never imports refimpl.testing."""
+    import importlib.util
+    import subprocess
+    import sys
+    if importlib.util.find_spec("refimpl.testing") is None or importlib.util.find_spec("hypothesis") is None:
+        print("refimpl: error: compare --op needs the test toolkit (hypothesis and the ggml-python oracle): "
+              "pip install 'refimpl[test]'", file=sys.stderr)
+        return 1
+    out = subprocess.run([sys.executable, "-m", "refimpl.testing.compare_op", op, "--numerics", numerics,
+                          "--cases", str(n_cases), "--seed", str(seed)], capture_output=True, text=True, check=False)
+    print(out.stdout, end="")
+    print(out.stderr, end="", file=sys.stderr)
+    return out.returncode
 
 
 if __name__ == "__main__":

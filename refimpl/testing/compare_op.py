@@ -119,3 +119,28 @@ def _values(x) -> np.ndarray:
     if isinstance(x, (tuple, list)):
         return np.concatenate([_values(v).reshape(-1) for v in x])
     return np.asarray(x).astype(np.float64)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m refimpl.testing.compare_op OP [--numerics M] [--cases N] [--seed S]` (what `refimpl compare
+    --op` runs): the table, exit status 1 when a case is over its budget, 2 on bad input."""
+    import argparse
+    import sys
+    from ..report import first_over, format_table
+    p = argparse.ArgumentParser(prog="refimpl compare --op", description=compare_op.__doc__)
+    p.add_argument("op")
+    p.add_argument("--numerics", default="exact")
+    p.add_argument("--cases", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    try:
+        rows = compare_op(a.op, numerics=a.numerics, n_cases=a.cases, seed=a.seed)
+    except (ValueError, KeyError, ImportError) as e:
+        print(f"refimpl: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows, f"{a.op}: refimpl (numerics={a.numerics}) vs ggml-python, {len(rows)} cases", "case"))
+    return 1 if first_over(rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
