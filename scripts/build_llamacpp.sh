@@ -2,9 +2,12 @@
 # Build llama.cpp's test-backend-ops (and, for the portable profile, test-llama-archs and ggml-rpc-server) from the
 # llama-cpp-python 0.3.36 sdist (ggml 0.25.3, RPC protocol 7.0.0) with -DGGML_RPC=ON.
 #
-#   bash scripts/build_llamacpp.sh [--profile portable|native|blas|vulkan] [--cached]
+#   bash scripts/build_llamacpp.sh [--profile portable|native|blas|vulkan] [--cached] [--libllama]
 #
 # --cached: build nothing; print the directory if that profile's build is cached, else exit 3.
+# --libllama: also build libllama and its ggml as shared libraries with the profile's flags (a second build tree
+#   beside the first, build-shared/); print the directory holding libllama.so, for LLAMA_CPP_LIB_PATH (`refimpl
+#   conformance -b BACKEND --model` runs llama.cpp through llama-cpp-python on that build).
 # portable (default): the AVX2 profile every llama.cpp golden assumes (llama-cpp-python's flags, AMX off);
 # native: ggml-cpu for this machine's own ISA (-DGGML_NATIVE=ON: AVX-512 where the CPU has it);
 # blas: portable plus ggml-blas on OpenBLAS (Debian's libopenblas-dev);
@@ -21,11 +24,12 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${REFIMPL_CACHE:-$HOME/.cache/refimpl}"
-profile=portable cached_only=""
+profile=portable cached_only="" libllama=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) profile="${2:-}"; shift 2 ;;
     --cached) cached_only=1; shift ;;
+    --libllama) libllama=1; shift ;;
     *) echo "build_llamacpp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -58,8 +62,25 @@ patches=("$here/patches/test-backend-ops-rpc-servers.patch" "$here/patches/test-
 key="$(printf '%s\n%s\n' "$version" "$flags" | cat - "${patches[@]}" | sha1sum | cut -c1-12)"
 root="$cache/build/llama.cpp-$version-$key"
 bin="$root/build/bin"
-if [ -f "$root/.built" ]; then echo "$bin"; exit 0; fi
-if [ -n "$cached_only" ]; then echo "build_llamacpp.sh: the $profile build is not cached ($root)" >&2; exit 3; fi
+if [ -n "$libllama" ]; then bin="$root/build-shared/bin"; fi
+marker="$root/.built${libllama:+-shared}"
+if [ -f "$marker" ]; then echo "$bin"; exit 0; fi
+if [ -n "$cached_only" ]; then echo "build_llamacpp.sh: the $profile build${libllama:+ of libllama} is not cached ($root)" >&2; exit 3; fi
+if [ -n "$libllama" ]; then
+  if [ ! -f "$root/.built" ]; then
+    bash "$0" --profile "$profile" >/dev/null || exit 1
+  fi
+  echo "building libllama (shared) in $root/build-shared ($profile profile; minutes on 2 cores)" >&2
+  # shellcheck disable=SC2086
+  cmake -S "$root/src" -B "$root/build-shared" ${flags/-DBUILD_SHARED_LIBS=OFF/-DBUILD_SHARED_LIBS=ON} \
+    >"$root/configure-shared.log" 2>&1 \
+    || { echo "build_llamacpp.sh: configuring failed: see $root/configure-shared.log" >&2; exit 1; }
+  cmake --build "$root/build-shared" -j "$(nproc)" --target llama >"$root/build-shared.log" 2>&1 \
+    || { tail -30 "$root/build-shared.log" >&2; echo "build_llamacpp.sh: building failed: see $root/build-shared.log" >&2; exit 1; }
+  touch "$marker"
+  echo "$bin"
+  exit 0
+fi
 if [ "$profile" = vulkan ]; then
   if [ ! -f "$hdr/.unpacked" ]; then
     echo "downloading Debian 13's libvulkan-dev and spirv-headers (headers only) into $hdr" >&2
