@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 
+from .cliargs import above, at_least, within
+
 
 def _cmd_fetch(args) -> int:
     from .fetch import fetch
@@ -90,7 +92,7 @@ def _llama2c_path(args):
 
 
 def _inspect_llama2c(args) -> int:
-    from .models.llama2c import read_checkpoint
+    from .models.llama2c import read_checkpoint, weight_stats
     try:
         ck = read_checkpoint(args.file)
     except ValueError as e:
@@ -102,27 +104,13 @@ def _inspect_llama2c(args) -> int:
           f"{c.vocab_size}, seq_len {c.seq_len}; classifier {'shared' if ck.shared_classifier else 'separate'}"
           + (f"; int8 groups of {ck.group_size} (dequantized)" if ck.group_size else ""))
     bad = []
-    for name, t in ck.tensors.items():
-        if name == "wcls" and ck.shared_classifier:
-            continue
-        lo, hi, s1, s2, n, nonfinite = np.inf, -np.inf, 0.0, 0.0, 0, 0
-        for part in (t if t.ndim == 3 else [t]):         # one layer at a time: f64 sums, no f64 copy of it all
-            f = np.asarray(part, dtype=np.float32).reshape(-1)
-            fin = np.isfinite(f)
-            if not fin.all():
-                nonfinite += int((~fin).sum())
-                f = f[fin]
-            if f.size:
-                lo, hi = min(lo, float(f.min())), max(hi, float(f.max()))
-                s1 += float(np.sum(f, dtype=np.float64))
-                s2 += float(np.sum(np.square(f, dtype=np.float64)))
-                n += f.size
+    for name, shape, st in weight_stats(ck):
+        stats = (f"min {st['min']:+.4e} max {st['max']:+.4e} mean {st['mean']:+.4e} std {st['std']:.4e}"
+                 if st["n"] else "no finite values")
+        nonfinite = st["nonfinite"]
         if nonfinite:
             bad.append(name)
-        mean = s1 / n if n else float("nan")
-        std = float(np.sqrt(max(s2 / n - mean * mean, 0.0))) if n else float("nan")
-        stats = f"min {lo:+.4e} max {hi:+.4e} mean {mean:+.4e} std {std:.4e}" if n else "no finite values"
-        print(f"  {name:22s} {str(tuple(t.shape)):20s} {stats}" + (f"  NON-FINITE: {nonfinite}" if nonfinite else ""))
+        print(f"  {name:22s} {str(shape):20s} {stats}" + (f"  NON-FINITE: {nonfinite}" if nonfinite else ""))
     if args.verify:
         print("  every weight is finite" if not bad else f"  NON-FINITE weights in: {', '.join(bad)}")
         return 1 if bad else 0
@@ -136,7 +124,7 @@ def _load_llama2c(args, path):
         _verify_weights(path, llama2c.read_checkpoint(path).tensors.items())
     m = llama2c.load(path, args.tokenizer)
     if m.tokenizer is None:
-        raise SystemExit(f"refimpl: error: {path} is a llama2.c checkpoint: pass its tokenizer.bin with -k")
+        raise ValueError(f"{path} is a llama2.c checkpoint: pass its tokenizer.bin with -k")
     print(f"[loaded {m.path} (llama2.c v{m.metadata['llama2c.version']}, {m.hparams.n_layer} layers) in "
           f"{time.perf_counter() - t0:.2f} s]", file=sys.stderr)
     return m
@@ -148,36 +136,10 @@ def _steps(args, m) -> int:
 
 
 def _chat_llama2c(args, m) -> int:
-    """run.c's chat: each user turn "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]" (the system part
-    on the first turn only) encoded with BOS, the reply sampled until EOS, which is then fed to close the turn;
-    one KV cache for the whole conversation."""
-    from .models import llama
-    tok, sampler = m.tokenizer, _sampler(args, attention=False)
-    cache = llama.new_cache(m, m.hparams.n_ctx_train)
-    first = True
-    for user in _user_turns():
-        text = (f"[INST] <<SYS>>\n{args.system}\n<</SYS>>\n\n{user} [/INST]" if first and args.system
-                else f"[INST] {user} [/INST]")
-        first = False
-        ids = tok.encode(text)
-        if cache.n_past + len(ids) >= cache.n_ctx:
-            print("[context full]")
-            return 0
-        logits = llama.forward(m, ids, cache, last_only=True)[-1]
-        history, stream = list(ids), tok.stream()
-        stream.prev = ids[-1]
-        for _ in range(_steps(args, m)):
-            t = sampler.sample(logits, history)
-            if t == tok.eos_id or cache.n_past >= cache.n_ctx:
-                break
-            history.append(t)
-            print(stream.push(t), end="", flush=True)
-            logits = llama.forward(m, [t], cache)[-1]
-        print(stream.flush())
-        if cache.n_past >= cache.n_ctx:
-            print("[context full]")
-            return 0
-        llama.forward(m, [tok.eos_id], cache)
+    from .models.llama2c import chat_turns
+    sampler = _sampler(args, attention=False)
+    for piece in chat_turns(m, sampler, _user_turns(), system=args.system, steps=_steps(args, m)):
+        print(piece, end="", flush=True)
     return 0
 
 
@@ -237,25 +199,11 @@ def _load_llama(args):
     f = gguf.load(path)
     if getattr(args, "verify_checkpoint", False):
         _verify_weights(path, f.tensors.items())
-    m = _decoder_for(f).load(f, dequantize_weights=deq, progress=bar)
+    from .models import family
+    m = family(f.metadata.get("general.architecture")).load(f, dequantize_weights=deq, progress=bar)
     print(f"[loaded {m.path} ({m.hparams.arch}, {m.hparams.n_layer} layers) in {time.perf_counter() - t0:.2f} s]",
           file=sys.stderr)
     return m
-
-
-def _decoder_for(f):
-    """The model module that runs a GGUF: refimpl.models.gemma3 for general.architecture "gemma3",
-    refimpl.models.gpt_oss for "gpt-oss", else refimpl.models.llama (which names the architectures it runs
-    when it refuses one)."""
-    from .models import gemma3, gpt_oss, llama
-    arch = f.metadata.get("general.architecture")
-    return gemma3 if arch in gemma3.ARCHS else gpt_oss if arch in gpt_oss.ARCHS else llama
-
-
-def _decoder(m):
-    """The module of a loaded decoder model (its forward, generate, new_cache, format_chat)."""
-    from .models import gemma3, gpt_oss, llama
-    return gemma3 if isinstance(m, gemma3.Gemma3Model) else gpt_oss if isinstance(m, gpt_oss.GptOssModel) else llama
 
 
 def _cmd_generate(args) -> int:
@@ -267,12 +215,13 @@ def _cmd_generate(args) -> int:
 
 
 def _generate_llama(args) -> int:
+    from .models import family_of
     m = _load_llama(args)
-    llama = _decoder(m)
+    llama = family_of(m)
     prompt = args.prompt
     if _llama2c_path(args):
         if args.chat_format:
-            raise SystemExit("refimpl: error: llama2.c checkpoints have no chat template (use `refimpl chat`)")
+            raise ValueError("llama2.c checkpoints have no chat template (use `refimpl chat`)")
         args.n_predict = _steps(args, m)
     if args.chat_format:
         prompt = llama.format_chat(m, [{"role": "user", "content": prompt}])
@@ -341,8 +290,9 @@ def _cmd_chat(args) -> int:
 
 
 def _chat_llama(args) -> int:
+    from .models import family_of
     m = _load_llama(args)
-    llama = _decoder(m)
+    llama = family_of(m)
     if _llama2c_path(args):
         return _chat_llama2c(args, m)
     sampler = _sampler(args)
@@ -378,109 +328,23 @@ def _user_turns():
 
 # -- RWKV (refimpl.models.rwkv) --------------------------------------------------------------------------
 
-RWKV_CHECKPOINT_SUFFIXES = (".pth", ".pt", ".safetensors", ".npz")
-RWKV_VOCAB_FILE = "rwkv_vocab_v20230424.txt"
-
-
-def _is_rwkv_arch(arch) -> bool:
-    """general.architecture of an RWKV graph (rwkv6, rwkv7; rwkv6qwen2, arwkv7 too, which the loader refuses
-    with a message naming them)."""
-    return isinstance(arch, str) and (arch.startswith("rwkv") or arch == "arwkv7")
-
-
 def _rwkv_path(args):
-    """The RWKV model -m names: a GGUF whose general.architecture is rwkv*, or a .pth / .pt / .safetensors /
-    .npz state dict (or a .bin saved by torch.save, a zip); else None (a llama-family GGUF, a llama2.c
-    checkpoint). -c always names a llama2.c checkpoint."""
-    import os
-    path = getattr(args, "model", None)
-    if not path or getattr(args, "checkpoint", None) or not os.path.isfile(path):
+    """The RWKV model -m names (refimpl.models.rwkv.chat.model_path), else None; -c always names a llama2.c
+    checkpoint."""
+    if getattr(args, "checkpoint", None):
         return None
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"GGUF":
-        from . import gguf
-        return path if _is_rwkv_arch(gguf.load(path).arch) else None
-    suffix = os.path.splitext(str(path))[1].lower()
-    if suffix in RWKV_CHECKPOINT_SUFFIXES or (suffix == ".bin" and magic == b"PK\x03\x04"):
-        return path
-    return None
+    from .models.rwkv.chat import model_path
+    return model_path(getattr(args, "model", None))
 
 
 def _load_rwkv(args, path):
-    """The RWKV model at `path` with its tokenizer (the GGUF's, or --vocab / the World vocabulary file next to
-    the checkpoint), weights dequantized to f32 at load under the rules of --weights."""
-    import os
-    from . import gguf
-    from .models import rwkv
-    from .qtensor import QTensor, dequantize
-    from .tokenizers.rwkv import RWKVTokenizer
+    from .models.rwkv.chat import load_with_tokenizer
     t0 = time.perf_counter()
-    with open(path, "rb") as f:
-        is_gguf = f.read(4) == b"GGUF"
-    try:
-        if is_gguf:
-            from .models.rwkv import gguf_io
-            m = gguf_io.load(gguf.load(path))
-        else:
-            m = rwkv.load(path)
-    except (ValueError, ImportError, KeyError) as e:
-        raise SystemExit(f"refimpl: error: {e}") from None
-    vocab = args.vocab
-    if vocab is None and m.tokenizer is None:
-        beside = os.path.join(os.path.dirname(os.path.abspath(path)), RWKV_VOCAB_FILE)
-        vocab = beside if os.path.isfile(beside) else None
-    if vocab is not None:
-        try:
-            m.tokenizer = RWKVTokenizer.from_world_vocab(vocab, vocab_size=m.hparams.vocab)
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"refimpl: error: --vocab: {e}") from None
-    if m.tokenizer is None:
-        raise SystemExit(f"refimpl: error: {path} has no tokenizer: pass the RWKV World vocabulary with --vocab FILE "
-                         f"({RWKV_VOCAB_FILE}; the `rwkv` pip package ships it)")
-    deq = args.weights == "f32" or (args.weights == "auto" and os.path.getsize(path) * 8 < 2 << 30)
-    if deq:
-        for k, w in m.weights.items():
-            if isinstance(w, QTensor):
-                m.weights[k] = dequantize(w)
-            elif w.dtype != np.float32:
-                m.weights[k] = np.asarray(w, np.float32)
+    m = load_with_tokenizer(path, args.vocab, args.weights)
     hp = m.hparams
     print(f"[loaded {path} (RWKV-{hp.variant}, {hp.n_layer} layers, {hp.n_embd} wide) in "
           f"{time.perf_counter() - t0:.2f} s]", file=sys.stderr)
     return m
-
-
-def _rwkv_template(m):
-    """The model's Jinja chat template, or None: RWKV's own turns (a GGUF without a template, or with llama.cpp's
-    built-in name "rwkv-world", which refimpl's and llama.cpp's converters write)."""
-    t = getattr(m.tokenizer, "chat_template", None)
-    return t if isinstance(t, str) and ("{%" in t or "{{" in t) else None
-
-
-def _rwkv_format(m, messages, add_generation_prompt: bool = True) -> str:
-    """The conversation as text: the GGUF's Jinja template, or llama.cpp's "rwkv-world" template
-    ("System: ...\\n\\n", "User: ...\\n\\n", "Assistant: ...\\n\\n", each content trimmed; "Assistant:" after a
-    last user message)."""
-    tmpl = _rwkv_template(m)
-    tok = m.tokenizer
-    if tmpl:
-        from .chat import render
-        piece = lambda i: tok.token_to_piece(i).decode("utf-8", "replace") if i is not None and i >= 0 else ""  # noqa: E731
-        return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=piece(getattr(tok, "bos_id", None)), eos_token=piece(getattr(tok, "eos_id", None)))
-    out = []
-    for i, msg in enumerate(messages):
-        role, content = msg["role"], msg["content"].strip()
-        if role == "system":
-            out.append(f"System: {content}\n\n")
-        elif role == "user":
-            out.append(f"User: {content}\n\n")
-            if i == len(messages) - 1:
-                out.append("Assistant:")
-        elif role == "assistant":
-            out.append(f"Assistant: {content}\n\n")
-    return "".join(out)
 
 
 class _CountingSampler:
@@ -496,17 +360,18 @@ class _CountingSampler:
 
 def _generate_rwkv(args, path) -> int:
     from .models import rwkv
+    from .models.rwkv.chat import format_chat
     m = _load_rwkv(args, path)
     tok = m.tokenizer
     prompt = args.prompt
     if args.chat_format:
-        prompt = _rwkv_format(m, [{"role": "user", "content": prompt}])
+        prompt = format_chat(m, [{"role": "user", "content": prompt}])
     else:
         print(prompt, end="", flush=True)
     ids = tok.encode(prompt, add_special=False)
     if not ids:                      # an empty prompt starts a document: token 0, RWKV's separator ("<s>")
         if tok.bos_id is None:
-            raise SystemExit("refimpl: error: empty prompt, and the vocabulary has no start token")
+            raise ValueError("empty prompt, and the vocabulary has no start token")
         ids = [tok.bos_id]
     sampler = _CountingSampler(_sampler(args, attention=False))
     t0 = time.perf_counter()
@@ -516,84 +381,6 @@ def _generate_rwkv(args, path) -> int:
     print(f"\n[{len(ids)} prompt tokens, {sampler.n} tokens in {dt:.1f} s, {sampler.n / dt:.2f} tok/s]",
           file=sys.stderr)
     return 0
-
-
-def _rwkv_chat_turns(m, sampler, turns, *, system: str = "", n_predict: int = 64, emit=None):
-    """The conversation, one user turn at a time, keeping the recurrent state between turns: for each turn only
-    the new text goes through the model (the turn's prompt; after the reply, what closes it), never the history.
-
-    Without a Jinja template (RWKV's convention, llama.cpp's "rwkv-world"): the first turn runs
-    "System: {system}\\n\\n" (if any) and "User: {user}\\n\\nAssistant:", the reply stops at an end-of-generation
-    token (not run) or once its text holds "\\n\\n", and "\\n\\n" closes it unless the reply already ends so.
-    With a Jinja template: each turn runs what the rendered conversation adds to the text already run (the
-    whole conversation again, from a new state, if the template changed earlier text), and after the reply
-    what the template writes to close it.
-
-    emit(piece) receives the reply's text as it is generated. Yields, per turn, a dict: reply (its text),
-    ids (every token this turn ran through the model, in order: the prompt, the reply, the closing),
-    state (the RwkvState after them), restarted (True when a template forced a re-run from a new state).
-    """
-    from .models import rwkv
-    tok = m.tokenizer
-    tmpl = _rwkv_template(m)
-    stop_ids = {int(i) for i in (getattr(tok, "eog_ids", None) or ()) if i is not None and i >= 0}
-    stop_ids |= {i for i in (getattr(tok, "eos_id", None),) if i is not None and i >= 0}
-    messages = [{"role": "system", "content": system}] if system else []
-    state, logits, done, history = None, None, "", []   # done: the text `state` has seen (template mode)
-    for user in turns:
-        messages.append({"role": "user", "content": user})
-        restarted = False
-        if tmpl:
-            text = _rwkv_format(m, messages)
-            if text.startswith(done):
-                new = text[len(done):]
-            else:
-                new, state, history, restarted = text, None, [], True
-        else:
-            text = new = (f"System: {system.strip()}\n\n" if system and state is None else "") + \
-                f"User: {user.strip()}\n\nAssistant:"
-        ids = tok.encode(new, add_special=False)
-        turn_ids = list(ids)
-        if ids:
-            logits, state = rwkv.forward(m, ids, state)
-        elif logits is None:
-            raise ValueError("chat: the first turn's text is empty")
-        history += ids
-        stream = tok.stream()
-        reply_ids, reply = [], ""
-        for _ in range(n_predict):
-            t = int(sampler.sample(logits, history))
-            if t in stop_ids:
-                break
-            reply_ids.append(t)
-            history.append(t)
-            logits, state = rwkv.forward(m, [t], state)
-            piece = stream.push(t)
-            reply += piece
-            if emit and piece:
-                emit(piece)
-            if not tmpl and "\n\n" in reply:
-                break
-        tail = stream.flush()
-        reply += tail
-        if emit and tail:
-            emit(tail)
-        turn_ids += reply_ids
-        if tmpl:
-            messages.append({"role": "assistant", "content": reply})
-            ran = text + tok.decode(reply_ids)
-            closed = _rwkv_format(m, messages, add_generation_prompt=False)
-            close = closed[len(ran):] if closed.startswith(ran) else ""
-            done = closed if closed.startswith(ran) else ran
-        else:
-            messages.append({"role": "assistant", "content": reply})
-            close = "" if reply.endswith("\n\n") else "\n\n"
-        close_ids = tok.encode(close, add_special=False) if close else []
-        if close_ids:
-            logits, state = rwkv.forward(m, close_ids, state)
-            history += close_ids
-            turn_ids += close_ids
-        yield dict(reply=reply, ids=turn_ids, state=state, restarted=restarted)
 
 
 def _chat_rwkv(args, path) -> int:
@@ -610,8 +397,9 @@ def _chat_rwkv(args, path) -> int:
         held[0] = s[len(body):]
         print(body, end="", flush=True)
 
+    from .models.rwkv.chat import chat_turns
     sampler = _sampler(args, attention=False)
-    for _ in _rwkv_chat_turns(m, sampler, _user_turns(), system=args.system, n_predict=args.n_predict,
+    for _ in chat_turns(m, sampler, _user_turns(), system=args.system, n_predict=args.n_predict,
                               emit=emit):
         print()
         held[0], first[0] = "", True
@@ -628,15 +416,15 @@ def _add_sampling_args(s):
                    help="tokens to generate; -1: until end of generation or the context is full (llama2.c "
                    "checkpoints: 0 or less means up to seq_len). -s/--steps is the llama2.c ports' name; run.c "
                    "itself uses -s for the seed, which is -r/--seed here")
-    s.add_argument("-t", "--temperature", "--temp", dest="temp", type=_at_least(0.0, "temperature"), default=0.0,
+    s.add_argument("-t", "--temperature", "--temp", dest="temp", type=at_least(0.0, "temperature"), default=0.0,
                    help="sampling temperature (default 0: greedy)")
-    s.add_argument("--top-k", type=_at_least(0, "top-k", int), default=0,
+    s.add_argument("--top-k", type=at_least(0, "top-k", int), default=0,
                    help="sample among the k most likely tokens only (default 0: all)")
-    s.add_argument("--top-p", type=_within(0.0, 1.0, "top-p", low_open=True), default=1.0,
+    s.add_argument("--top-p", type=within(0.0, 1.0, "top-p", low_open=True), default=1.0,
                    help="nucleus sampling: the smallest set of tokens whose probability reaches p (default 1: off)")
-    s.add_argument("--min-p", type=_within(0.0, 1.0, "min-p"), default=0.0,
+    s.add_argument("--min-p", type=within(0.0, 1.0, "min-p"), default=0.0,
                    help="drop tokens less likely than min-p times the most likely one (default 0: off)")
-    s.add_argument("--repeat-penalty", type=_above(0.0, "repeat-penalty"), default=1.0,
+    s.add_argument("--repeat-penalty", type=above(0.0, "repeat-penalty"), default=1.0,
                    help="divide the logits of tokens already in the context by this (default 1: off)")
     s.add_argument("--sampler", choices=["default", "entropix"], default="default",
                    help="default: the chain of the flags above (llama.cpp's order); entropix: entropix's adaptive "
@@ -645,7 +433,7 @@ def _add_sampling_args(s):
                    "models and Gemma 3)")
     s.add_argument("--show-metrics", action="store_true",
                    help="with --sampler entropix: print each token's metrics and strategy on stderr")
-    s.add_argument("--ctx-size", dest="ctx_size", type=_above(0, "ctx-size", int), default=None,
+    s.add_argument("--ctx-size", dest="ctx_size", type=above(0, "ctx-size", int), default=None,
                    help="context length in tokens, the KV cache's size (default: what the prompt and -n need, up "
                    "to the model's training context)")
     s.add_argument("--verify-checkpoint", action="store_true",
@@ -665,7 +453,7 @@ def _add_model_options(s):
     """--backend, --threads, --numerics, --seed: the options every model command takes."""
     s.add_argument("-b", "--backend", choices=["numpy", "numba", "cuda"], default=None,
                    help="op implementations (default: numba when installed, else numpy; or $REFIMPL_BACKEND)")
-    s.add_argument("-j", "--threads", type=_above(0, "threads", int), default=None,
+    s.add_argument("-j", "--threads", type=above(0, "threads", int), default=None,
                    help="threads for the numba kernels and for BLAS (default: Numba's and BLAS's own settings)")
     s.add_argument("--numerics", choices=["exact", "ggml", "ggml-nollamafile", "fast"], default=None,
                    help="exact (f32/f64), ggml (llama.cpp's CPU roundings, where implemented), "
@@ -675,31 +463,6 @@ def _add_model_options(s):
     s.add_argument("-r", "--seed", type=int, default=None,
                    help="random seed of the sampler in generate / chat (default: the current time, printed so "
                    "that a run can be repeated; unused by deterministic commands)")
-
-
-def _number(kind, name: str, ok, want: str):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--{name} wants {want}, not {text!r}") from None
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"--{name} wants {want}, not {text!r}")
-        return v
-    return parse
-
-
-def _at_least(lo, name, kind=float):
-    return _number(kind, name, lambda v: v >= lo, f"a number >= {lo}")
-
-
-def _above(lo, name, kind=float):
-    return _number(kind, name, lambda v: v > lo, f"a number > {lo}")
-
-
-def _within(lo, hi, name, low_open=False):
-    ok = (lambda v: lo < v <= hi) if low_open else (lambda v: lo <= v <= hi)
-    return _number(float, name, ok, f"a number in {'(' if low_open else '['}{lo}, {hi}]")
 
 
 def _model_context(args, default_numerics: str | None = None):
@@ -816,46 +579,6 @@ def _cmd_quantize(args) -> int:
     return 0
 
 
-def _byte_size(text: str) -> int:
-    """"8G", "512M", "1048576" -> bytes (argparse type)."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
-    try:
-        n = float(t[:-1] if mult > 1 else t) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 8G, 512M, 1048576)") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return int(n)
-
-
-def _cmd_serve(args) -> int:
-    import logging
-
-    from .ops import current_backend
-    from .rpc import Server
-    import os
-    level = logging.DEBUG if os.environ.get("REFIMPL_RPC_DEBUG") else logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="refimpl serve: %(message)s")
-    try:
-        srv = Server(args.host, args.port, backend=args.backend or current_backend(), numerics=args.numerics,
-                     mem=args.mem, dump=args.dump, strict=args.strict, max_clients=args.max_clients,
-                     idle_timeout=args.idle_timeout, max_graph_work=args.max_graph_work,
-                     max_graph_seconds=args.max_graph_seconds)
-        srv.start()
-    except OSError as e:
-        print(f"refimpl: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    print(f"refimpl serve: backend {srv.backend}, numerics {srv.numerics}, --mem {srv.memory.limit} bytes",
-          file=sys.stderr)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        srv.stop()
-        return 130
-    return 0
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with a usage error as one line: `refimpl: error: ...`, exit status 2."""
 
@@ -926,7 +649,7 @@ def _main(argv=None) -> int:
     s.add_argument("-m", "--model", help="GGUF file (default: the fetched SmolLM2)")
     s.add_argument("--tensor", default="blk.0.ffn_down.weight",
                    help="the GGUF tensor to quantize (default blk.0.ffn_down.weight)")
-    s.add_argument("--rows", type=_above(0, "rows", int), default=256,
+    s.add_argument("--rows", type=above(0, "rows", int), default=256,
                    help="how many of its rows to quantize (default 256)")
     _add_model_options(s)
     s.set_defaults(fn=_cmd_demo)
@@ -956,7 +679,7 @@ def _main(argv=None) -> int:
     s.add_argument("--no-normalize", action="store_true", help="skip the Euclidean normalization")
     s.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix of the texts")
     s.add_argument("--json", action="store_true", help="print JSON with full-precision vectors")
-    s.add_argument("--batch-size", type=_above(0, "batch-size", int), default=32,
+    s.add_argument("--batch-size", type=above(0, "batch-size", int), default=32,
                    help="texts padded and run together per forward pass (default 32)")
     _add_model_options(s)
     s.set_defaults(fn=_cmd_embed)
@@ -974,38 +697,11 @@ def _main(argv=None) -> int:
     s.add_argument("--all", action="store_true", help="also quantize the embeddings (1-D tensors always stay)")
     s.set_defaults(fn=_cmd_quantize)
     from . import check, compare, conformance
-    s = sub.add_parser("serve", help="serve ggml's RPC protocol (7.0.0, ggml 0.25.3): llama.cpp --rpc and "
-                       "test-backend-ops compute their graphs with refimpl's ops")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; the protocol has "
-                   "no authentication, so anything else is reachable by anyone on that network)")
-    s.add_argument("--port", type=int, default=50052, help="TCP port (default 50052, ggml's rpc-server's)")
-    s.add_argument("--backend", choices=["numpy", "numba"], default=None,
-                   help="refimpl backend for the ops (default: numba when installed, else numpy)")
-    s.add_argument("--numerics", choices=["exact", "ggml", "ggml-nollamafile", "fast"], default="exact",
-                   help="exact: the math ggml defines; ggml: ggml-cpu's roundings where emulated, with "
-                        "llamafile's sgemm as llama.cpp builds it; ggml-nollamafile: without it; fast: f32 sums")
-    s.add_argument("--mem", type=_byte_size, default=None, metavar="BYTES",
-                   help="bound on all buffers together, e.g. 8G (default: 3/4 of the memory free now)")
-    s.add_argument("--dump", metavar="DIR", help="save every computed node's value as DIR/NNNNNN-NAME.npy "
-                   "with DIR/index.jsonl (op, type, shapes)")
-    s.add_argument("--strict", action="store_true", help="close the connection on a node refimpl cannot "
-                   "compute, instead of filling it with NaN")
-    from .rpc import server as _srv
-    s.add_argument("--max-clients", type=_above(0, "max-clients", int), default=_srv.MAX_CLIENTS, metavar="N",
-                   help=f"connections served at once; more are closed at once (default {_srv.MAX_CLIENTS})")
-    s.add_argument("--idle-timeout", type=_at_least(0, "idle-timeout", float), default=_srv.IDLE_TIMEOUT_S,
-                   metavar="S", help=f"close a connection idle this long, 0: never (default {_srv.IDLE_TIMEOUT_S:g})")
-    s.add_argument("--max-graph-work", type=_at_least(0, "max-graph-work", float), default=_srv.MAX_GRAPH_WORK,
-                   metavar="OPS", help="refuse a graph whose estimated work is over this many "
-                   f"element-operations, 0: no limit (default 2^{_srv.MAX_GRAPH_WORK.bit_length() - 1})")
-    s.add_argument("--max-graph-seconds", type=_at_least(0, "max-graph-seconds", float),
-                   default=_srv.MAX_GRAPH_SECONDS, metavar="S", help="refuse the rest of a graph that computes "
-                   f"longer, 0: no limit (default {_srv.MAX_GRAPH_SECONDS:g})")
-    s.add_argument("-v", "--verbose", action="store_true", help="log every connection and command summary")
-    s.set_defaults(fn=_cmd_serve)
+    from .rpc import cli as rpc_cli
+    rpc_cli.add_parser(sub)                          # refimpl serve (refimpl/rpc/cli.py)
     compare.add_parser(sub, _add_model_options)      # refimpl compare (refimpl/compare.py)
     check.add_parser(sub, _add_model_options)        # refimpl check (refimpl/check.py)
-    conformance.add_parser(sub)                      # refimpl conformance (refimpl/conformance.py)
+    conformance.add_parser(sub)                      # refimpl conformance (refimpl/conformance/)
     args = p.parse_args(argv)
     return args.fn(args)
 

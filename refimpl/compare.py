@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -112,21 +113,27 @@ class _TensorHead(ctypes.Structure):
                 ("nb", ctypes.c_size_t * 4)]
 
 
-def _ggml_lib():
-    """The libggml-base that llama-cpp-python's libllama uses (LLAMA_CPP_LIB_PATH's, else the package's own
-    lib/ directory), opened by ctypes by its exported C symbols, with the few tensor accessors used here
-    declared. Opening an already loaded library returns the same handle, so these are the functions the
-    running libllama calls."""
+def _llama_lib(name: str):
+    """One of the shared libraries of the libllama llama-cpp-python runs (LLAMA_CPP_LIB_PATH's directory, else
+    the package's own lib/), opened by ctypes by its soname, the name libllama was linked against: dlopen of
+    another name (the unversioned symlink) maps a second copy of the library, with a device registry of its own
+    that llama.cpp never reads. Opening an already loaded library returns the same handle."""
     import importlib.util
-    from pathlib import Path
     libdir = os.environ.get("LLAMA_CPP_LIB_PATH")
     if not libdir:
         spec = importlib.util.find_spec("llama_cpp")
-        libdir = str(Path(spec.submodule_search_locations[0]) / "lib") if spec else ""
-    path = Path(libdir) / "libggml-base.so"
-    if not path.is_file():
-        raise ImportError(f"llama-cpp-python's libggml-base.so not found at {path}")
-    lib = ctypes.CDLL(str(path))
+        libdir = os.path.join(spec.submodule_search_locations[0], "lib") if spec else ""
+    for n in (f"{name}.so.0", f"{name}.so"):
+        if os.path.exists(os.path.join(libdir, n)):
+            return ctypes.CDLL(os.path.join(libdir, n))
+    raise RuntimeError(f"no {name}.so in {libdir or 'llama-cpp-python'}: rebuild llama-cpp-python with "
+                       "CMAKE_ARGS=-DGGML_RPC=ON (scripts/setup.sh does), or point LLAMA_CPP_LIB_PATH at a build "
+                       "that has it (scripts/build_llamacpp.sh --libllama)")
+
+
+def _ggml_lib():
+    """libggml-base of the running libllama (`_llama_lib`) with the few tensor accessors used here declared."""
+    lib = _llama_lib("libggml-base")
     for name, args, res in (("ggml_get_name", [ctypes.c_void_p], ctypes.c_char_p),
                             ("ggml_nbytes", [ctypes.c_void_p], ctypes.c_size_t),
                             ("ggml_backend_tensor_get", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
@@ -163,7 +170,7 @@ def _wanted(name: str) -> bool:
 
 def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
                   type_kv: int = 1, pooling: int | None = None, isolate: bool = True,
-                  rpc: str | None = None, greedy: int = 0, node_hook=None) -> LlamaCppRun:
+                  rpc: str | None = None, greedy: int = 0, node_hook=None, offload: bool = False) -> LlamaCppRun:
     """One llama_decode of `tokens` (logits for every position) on llama.cpp's CPU backend, as the goldens
     were made: no weight repacking (use_extra_bufts=False), flash attention off, K/V cache of ggml type
     `type_kv` (1: f16, llama.cpp's default; 0: f32), n_batch = n_ubatch >= len(tokens). With `capture`
@@ -184,6 +191,9 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
     serve`, or ggml's own rpc-server), as `llama-cli --rpc HOST:PORT -ngl 99` does; llama-cpp-python must be
     built with -DGGML_RPC=ON (scripts/setup.sh does).
 
+    offload: every layer, the output and the KV cache on the build's GPU devices (llama.cpp's -ngl 99), e.g. a
+    libllama built with ggml-vulkan (LLAMA_CPP_LIB_PATH); without it the model runs on the CPU.
+
     node_hook (isolate=False only): called as node_hook(libggml, tensor address, before) for every node of the
     graph, with before=True just before it is computed (its sources hold their inputs) and before=False
     right after (llama.cpp's scheduler then computes the graph node by node)."""
@@ -194,13 +204,13 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
         if node_hook is not None:
             raise ValueError("run_llama_cpp: node_hook needs isolate=False (a function cannot cross processes)")
         return _run_isolated(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture,
-                             type_kv=type_kv, pooling=pooling, rpc=rpc, greedy=greedy)
+                             type_kv=type_kv, pooling=pooling, rpc=rpc, greedy=greedy, offload=offload)
     foreign = _foreign_ggml()
     if foreign:
         raise RuntimeError("run_llama_cpp(isolate=False): this process has another libggml loaded "
                            f"({', '.join(foreign)}); llama.cpp would run its kernels. Use isolate=True.")
     return _run_here(model_path, tokens, n_ctx=n_ctx, n_threads=n_threads, capture=capture, type_kv=type_kv,
-                     pooling=pooling, rpc=rpc, greedy=greedy, node_hook=node_hook)
+                     pooling=pooling, rpc=rpc, greedy=greedy, node_hook=node_hook, offload=offload)
 
 
 def _run_isolated(model_path, tokens, **kw) -> LlamaCppRun:
@@ -251,17 +261,7 @@ def _child(argv) -> int:
 def register_rpc_server(endpoint: str) -> None:
     """Add the ggml RPC server at `endpoint` to llama-cpp-python's ggml device registry (ggml-rpc.h's
     `ggml_backend_rpc_add_server`, then ggml-backend.h's `ggml_backend_register`), as llama.cpp's --rpc does."""
-    import llama_cpp
-    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    def lib(name):
-        # by soname, the name libllama was linked against: dlopen of another name (the unversioned symlink)
-        # maps a second copy of the library, with a device registry of its own that llama.cpp never reads
-        for n in (f"{name}.so.0", f"{name}.so"):
-            if os.path.exists(os.path.join(libdir, n)):
-                return ctypes.CDLL(os.path.join(libdir, n))
-        raise RuntimeError(f"llama-cpp-python has no lib/{name}.so; rebuild it with CMAKE_ARGS=-DGGML_RPC=ON "
-                           "(scripts/setup.sh does)")
-    rpc, ggml = lib("libggml-rpc"), lib("libggml")
+    rpc, ggml = _llama_lib("libggml-rpc"), _llama_lib("libggml")
     rpc.ggml_backend_rpc_add_server.argtypes, rpc.ggml_backend_rpc_add_server.restype = [ctypes.c_char_p], \
         ctypes.c_void_p
     ggml.ggml_backend_register.argtypes, ggml.ggml_backend_register.restype = [ctypes.c_void_p], None
@@ -273,7 +273,7 @@ def register_rpc_server(endpoint: str) -> None:
 
 def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,
               type_kv: int = 1, pooling: int | None = None, rpc: str | None = None,
-              greedy: int = 0, node_hook=None) -> LlamaCppRun:
+              greedy: int = 0, node_hook=None, offload: bool = False) -> LlamaCppRun:
     import llama_cpp
     import llama_cpp.llama_cpp as C
     lib = _ggml_lib()
@@ -312,7 +312,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
     _KEEP.append(eval_cb)
 
     mp = C.llama_model_default_params()
-    mp.n_gpu_layers = 999 if rpc else 0
+    mp.n_gpu_layers = 999 if rpc or offload else 0
     mp.use_extra_bufts = False                # weights stay in their GGUF layout (no CPU_REPACK buffer)
     model = C.llama_model_load_from_file(str(model_path).encode(), mp)
     if not model:
@@ -326,7 +326,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
         cp.n_threads = cp.n_threads_batch = int(n_threads)
         cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.type_k = cp.type_v = int(type_kv)
-        cp.offload_kqv = bool(rpc)
+        cp.offload_kqv = bool(rpc or offload)
         if pooling is not None:
             cp.embeddings = True
             cp.pooling_type = int(pooling)
@@ -546,19 +546,11 @@ def run_refimpl(model, tokens, *, numerics: str = "exact", cache_dtype=None, fam
 
 
 def _family_of(model) -> Family:
-    from .models.bert import BertModel
-    from .models.gemma3 import Gemma3Model
-    from .models.gpt_oss import GptOssModel
-    from .models.rwkv import RwkvModel
-    if isinstance(model, BertModel):
-        return _bert_family()
-    if isinstance(model, Gemma3Model):
-        return _gemma3_family()
-    if isinstance(model, GptOssModel):
-        return _gpt_oss_family()
-    if isinstance(model, RwkvModel):
+    from .models import family_of
+    name = family_of(model).__name__.rsplit(".", 1)[-1]
+    if name == "rwkv":
         return _rwkv_family(f"rwkv{model.version}")
-    return _llama_family()
+    return {"bert": _bert_family, "gemma3": _gemma3_family, "gpt_oss": _gpt_oss_family}.get(name, _llama_family)()
 
 
 def _tokens(model, model_path, prompt, tokens) -> np.ndarray:
@@ -754,6 +746,11 @@ def _compare_op_tool(op: str, numerics: str, n_cases: int, seed: int) -> int:
         return 1
     out = subprocess.run([sys.executable, "-m", "refimpl.testing.compare_op", op, "--numerics", numerics,
                           "--cases", str(n_cases), "--seed", str(seed)], capture_output=True, text=True, check=False)
+    missing = re.search(r"^ModuleNotFoundError: No module named '([\w.]+)'", out.stderr, re.M)
+    if out.returncode != 0 and missing:          # the toolkit could not start: one line, as main() words it
+        print(f"refimpl: error: compare --op needs the optional package {missing.group(1)} (hypothesis and the "
+              "ggml-python oracle): pip install 'refimpl[test]'", file=sys.stderr)
+        return 1
     print(out.stdout, end="")
     print(out.stderr, end="", file=sys.stderr)
     return out.returncode

@@ -48,6 +48,8 @@ from typing import Callable
 
 import numpy as np
 
+
+from .residency import host_args
 from .shapes import GGMLShapeError, ne4
 
 BACKENDS = ("numpy", "numba", "cuda")
@@ -60,6 +62,11 @@ NUMERICS: dict[str, tuple[str, ...]] = {
 }
 KEYS = ("exact", "fast", "ggml", "llamafile", "tiled")
 GGML_PROFILES = frozenset(p for p, chain in NUMERICS.items() if "ggml" in chain)
+# profile -> how a KV cache made under it stores and spans its cells (`kv_layout`): llama.cpp's build (f16 cells;
+# without flash attention the graph attends over a multiple of 256 cells, the unused ones masked) under the
+# ggml profiles, f32 rows over the filled cells only otherwise
+KV_LAYOUTS: dict[str, tuple[type, int]] = {p: (np.float16, 256) if p in GGML_PROFILES else (np.float32, 1)
+                                           for p in NUMERICS}
 
 
 def _default_backend() -> str:
@@ -201,18 +208,6 @@ def _host_kwargs(kwargs: dict) -> dict:
     return dict(zip(kwargs, host_args(kwargs.values())))
 
 
-def _on_host(x):
-    if hasattr(x, "copy_to_host") and hasattr(x, "shape"):      # a numba.cuda device array
-        return x.copy_to_host()
-    if isinstance(x, (list, tuple)) and any(hasattr(y, "copy_to_host") for y in x):
-        return type(x)(_on_host(y) for y in x)
-    return x
-
-
-def host_args(args) -> tuple:
-    return tuple(_on_host(a) for a in args)
-
-
 def register(name: str, backend: str | None = None, numerics: str | tuple[str, ...] = ("exact", "fast")):
     """Register an implementation of op `name` (same signature as the op, without `numerics`) under a
     backend (None: every backend) for one or more numerics keys (KEYS). A kernel that serves exact and fast
@@ -292,65 +287,19 @@ def current_numerics(override: str | None = None) -> str:
 
 
 def ggml_numerics(override: str | None = None) -> bool:
-    """Whether the active (or given) profile reproduces ggml-cpu's roundings ("ggml", "ggml-nollamafile"):
-    what a model asks to lay out its state as llama.cpp's graph does (f16 KV cells, padded spans)."""
+    """Whether the active (or given) profile reproduces ggml-cpu's roundings ("ggml", "ggml-nollamafile")."""
     return current_numerics(override) in GGML_PROFILES
 
 
-# -- where state lives ---------------------------------------------------------------------------------------
-#
-# A backend whose kernels return device arrays (CUDA) owns residency: its kernels upload read-only host arrays
-# (weights, a pass's masks) once and keep activations on the device. State that a model writes in place (a KV
-# cache, a recurrent state) is made with `state_copy`, as llama.cpp allocates its cache in a backend buffer;
-# nothing in a model names a device.
-
-_STATE_COPY: dict[str, Callable] = {}
+def kv_layout(override: str | None = None) -> tuple[type, int]:
+    """(the cells' storage type, the multiple of cells the attention spans) of a KV cache made under the active
+    (or given) profile: KV_LAYOUTS. The cache asks once, when it is made (refimpl.models.llama.KVCache)."""
+    return KV_LAYOUTS[current_numerics(override)]
 
 
-def register_state_copy(backend: str, fn: Callable) -> None:
-    """fn(x) -> a writable copy of x (NumPy or the backend's own array) in the memory of a backend whose
-    kernels return device arrays."""
-    _STATE_COPY[backend] = fn
-
-
-def state_copy(x):
-    """A writable copy of x in the active backend's memory, for state that ops write in place (set_rows with
-    out=): NumPy on the CPU backends and under the ggml profiles (which run NumPy emulations), a device array
-    under the CUDA backend. Also how state moves between backends."""
-    b = _backend.get()
-    if b != "numpy" and not ggml_numerics():
-        if b not in _loaded:
-            _load(b)
-        fn = _STATE_COPY.get(b)
-        if fn is not None:
-            return fn(x)
-    return np.array(to_host(x), copy=True)
-
-
-def on_device(x) -> bool:
-    """x is a device array of a backend (numba.cuda's; duck-typed, so nothing is imported)."""
-    return hasattr(x, "copy_to_host") and hasattr(x, "shape")
-
-
-def to_host(x):
-    """A device array copied to NumPy; anything else unchanged (what a model returns is NumPy)."""
-    return x.copy_to_host() if on_device(x) else x
-
-
-_SCOPES: dict[str, Callable] = {}
-
-
-def register_scope(backend: str, fn: Callable) -> None:
-    """fn(n_tokens, workload) -> a context manager a backend enters around a model's forward pass."""
-    _SCOPES[backend] = fn
-
-
-def forward_scope(n_tokens: int, workload: str):
-    """What the active backend does around a model's forward pass of n_tokens ("decoder": a causal LM whose
-    decode kernels run on the backend's threads; "encoder": a batch of independent rows). The numba backend
-    reads its thread count once for the pass (refimpl/kernels/blas.py); others do nothing."""
+def loaded_backend() -> str:
+    """The active backend, its kernel modules imported (they register what refimpl.backends asks them for)."""
     b = _backend.get()
     if b != "numpy" and b not in _loaded:
         _load(b)
-    fn = _SCOPES.get(b)
-    return fn(n_tokens, workload) if fn is not None else contextlib.nullcontext()
+    return b

@@ -169,7 +169,7 @@ class GGUFFile:
                 f"{len(self.metadata)} keys, {len(self.tensors)} tensors)")
 
 
-def _type_name(vt) -> str:
+def _value_type_name(vt) -> str:
     if isinstance(vt, tuple):
         return f"ARRAY[{vt[1].name}]"
     return vt.name
@@ -338,7 +338,7 @@ def load(path) -> GGUFFile:
     if KEY_ALIGNMENT in metadata:
         where = f"metadata key {KEY_ALIGNMENT!r}"
         if value_types[KEY_ALIGNMENT] != _T.UINT32:
-            P.fail(where, f"has type {_type_name(value_types[KEY_ALIGNMENT])}; expected UINT32")
+            P.fail(where, f"has type {_value_type_name(value_types[KEY_ALIGNMENT])}; expected UINT32")
         alignment = metadata[KEY_ALIGNMENT]
         if alignment == 0 or alignment & (alignment - 1):
             P.fail(where, f"alignment {alignment}; expected a non-zero power of two")

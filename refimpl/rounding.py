@@ -2,9 +2,35 @@
 ggml-numerics kernels use them)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 f32, f64 = np.float32, np.float64
+
+
+# -- C's single-precision libm, as correctly rounded functions ------------------------------------------------
+
+def libm_f32(fn64, x) -> np.ndarray:
+    """A C single-precision libm function (expf, logf, cosf, powf, ...) as a correctly rounded one: x taken as
+    f32 (a C float argument), the f64 function `fn64` of it, rounded once to f32. glibc's float functions are
+    correctly rounded but for rare 1-ulp cases (refimpl.kernels.ggml.simd.c_libm calls the C library itself
+    where ggml's numerics need those bits too); NumPy's float32 functions are other approximations."""
+    with np.errstate(all="ignore"):
+        return fn64(np.asarray(x, f32).astype(f64)).astype(f32)
+
+
+def expf_f32(x) -> np.ndarray:
+    """C's expf (see libm_f32)."""
+    return libm_f32(np.exp, x)
+
+
+_erf64 = np.frompyfunc(math.erf, 1, 1)
+
+
+def erff_f32(x) -> np.ndarray:
+    """C's erff (see libm_f32)."""
+    return libm_f32(lambda v: _erf64(v).astype(f64), x)
 
 
 def fma32(a, b, c) -> np.ndarray:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 
 
-
 def fmt(x) -> str:
     """'ne [4, 3] (numpy (3, 4)) f32' for an array, QTensor or shape tuple."""
     if isinstance(x, tuple):
@@ -29,6 +28,72 @@ def ne4(shape) -> list[int]:
     if len(shape) > 4:
         raise GGMLShapeError(f"ggml tensors have at most 4 dims, got ne {list(shape)[::-1]} (numpy {tuple(shape)})")
     return list(shape[::-1]) + [1] * (4 - len(shape))
+
+
+# -- ggml's layout predicates, ggml's way (ne and nb), for an ndarray, a QTensor or a device array ---------
+
+def ne_nb(x) -> tuple[list[int], list[int], int]:
+    """ggml's ne, nb and type size of an ndarray, a QTensor or a device array; size-1 dims get the packed
+    stride (ggml ignores their stride, and NumPy's is arbitrary)."""
+    tr = getattr(x, "traits", None)
+    if tr is not None and hasattr(x, "data"):            # a QTensor (not imported: qtensor is above)
+        ts, blck, nb0, lead = tr.type_size, tr.blck_size, tr.type_size, x.data.strides[:-1]
+    else:
+        if not hasattr(x, "strides"):
+            x = np.asarray(x)
+        ts, blck = x.dtype.itemsize, 1
+        nb0, lead = (x.strides[-1] if len(x.shape) else ts), tuple(x.strides[:-1])
+    ne = ne4(tuple(x.shape))
+    nb = [nb0] + list(lead[::-1]) + [0] * (3 - len(lead))
+    nb[0] = ts if ne[0] == 1 else nb[0]
+    for i in range(1, 4):
+        if ne[i] == 1:
+            nb[i] = nb[i - 1] * (ne[0] // blck if i == 1 else ne[i - 1])
+    return ne, nb, ts
+
+
+def rows_packed(x) -> bool:
+    """ggml_is_contiguous_rows: nb0 == type size, a row's elements adjacent (a QTensor's always are; an empty
+    tensor's rows are taken as packed)."""
+    ne, nb, ts = ne_nb(x)
+    return nb[0] == ts or 0 in ne
+
+
+def is_contiguous(x) -> bool:
+    """ggml_is_contiguous: every dim packed over the one below it (size-1 dims' strides ignored; an empty
+    tensor is taken as contiguous, as NumPy does)."""
+    ne, nb, ts = ne_nb(x)
+    if 0 in ne:
+        return True
+    blck = x.traits.blck_size if hasattr(x, "traits") and hasattr(x, "data") else 1
+    return nb[0] == ts and nb[1] == ts * (ne[0] // blck) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
+
+
+def is_contiguous_1(x) -> bool:
+    """ggml_is_contiguous_1 (= ggml_is_padded_1d): rows packed, dims 2 and 3 packed over dim 1, whose stride
+    is free (rows may be padded)."""
+    ne, nb, ts = ne_nb(x)
+    return nb[0] == ts and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
+
+
+def is_transposed(x) -> bool:
+    """ggml_is_transposed: nb0 > nb1 (for a tensor with more than one element along both)."""
+    if hasattr(x, "traits") or len(getattr(x, "shape", ())) < 2:
+        return False
+    ne, nb, _ = ne_nb(x)
+    return ne[0] > 1 and ne[1] > 1 and 0 not in ne and nb[0] > nb[1]
+
+
+def check_layout(name: str, layout: str, **operands) -> None:
+    """Fail naming op `name` and the operand unless each has the layout ggml asserts: "rows" (rows packed),
+    "contiguous_1" or "contiguous"."""
+    check, why = {"rows": (rows_packed, "rows must be contiguous (ggml asserts nb0 == type size)"),
+                  "contiguous_1": (is_contiguous_1, "must have contiguous rows and dims 2, 3 packed over dim 1 "
+                                                  "(ggml_is_contiguous_1)"),
+                  "contiguous": (is_contiguous, "must be contiguous (ggml_is_contiguous)")}[layout]
+    for k, x in operands.items():
+        if not check(x):
+            fail(name, f"{k} {why}", **{k: x})
 
 
 def as4(x: np.ndarray) -> np.ndarray:

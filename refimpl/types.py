@@ -124,6 +124,22 @@ NUMPY_DTYPES: dict[GGMLType, np.dtype] = {
 }
 
 
+_BY_DTYPE = {d: t for t, d in NUMPY_DTYPES.items()}
+
+
+def type_name(x) -> str:
+    """ggml's type name ("f32", "q4_0", "bf16", ...) of a GGMLType (or its number or name), a QTensor, or an array
+    (its dtype's ggml type; the NumPy name for a dtype ggml has none for)."""
+    tr = getattr(x, "traits", None)
+    if isinstance(tr, TypeTraits):                     # a QTensor (not imported: qtensor is above)
+        return tr.name
+    if isinstance(x, (GGMLType, int, str)) and not isinstance(x, (bool, np.generic)):
+        return traits(x).name
+    dt = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    t = _BY_DTYPE.get(np.dtype(dt))
+    return type_traits[t].name if t is not None else np.dtype(dt).name
+
+
 def as_type(t) -> GGMLType:
     """GGMLType from a GGMLType, its number, or its name in any case ("q4_0", "Q4_K", "bf16")."""
     if isinstance(t, GGMLType):

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import refimpl
-from refimpl.__main__ import _rwkv_chat_turns, main
+from refimpl.__main__ import main
+from refimpl.models.rwkv.chat import chat_turns as _rwkv_chat_turns
 from refimpl.convert import rwkv as conv
 from refimpl.models import rwkv
 from refimpl.sampling import Sampler
@@ -107,8 +108,9 @@ def test_generate_checkpoint_with_vocab(version, suffix, world_vocab, tmp_path, 
     if suffix == ".pth":
         pytest.importorskip("torch")
     p = write_tiny_rwkv(tmp_path / f"tiny{suffix}", version, state_dict=_sd(version))
-    with pytest.raises(SystemExit, match="--vocab"):
-        main(["generate", "-m", str(p), "-p", "x", "-n", "2", *OPTS])
+    assert main(["generate", "-m", str(p), "-p", "x", "-n", "2", *OPTS]) == 1     # one line, no traceback
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("refimpl: error: ") and "--vocab" in err[-1]
     r = _stdout(capsys, ["generate", "-m", str(p), "--vocab", world_vocab, "-p", "Hi!", "-n", "6", *OPTS])
     m = rwkv.load(p)
     m.tokenizer = refimpl.tokenizers.rwkv.RWKVTokenizer.from_world_vocab(world_vocab, vocab_size=VOCAB)
@@ -134,14 +136,13 @@ def test_common_model_options(ggufs, capsys):
 
 
 def test_llama_gguf_is_not_taken_for_rwkv(tmp_path):
-    from refimpl.__main__ import _rwkv_path
-    from types import SimpleNamespace
+    from refimpl.models.rwkv.chat import model_path
     p = tmp_path / "x.gguf"
     refimpl.gguf.save(p, {"general.architecture": "llama"}, {"w": np.zeros((2, 32), np.float32)})
-    assert _rwkv_path(SimpleNamespace(model=str(p), checkpoint=None)) is None
+    assert model_path(str(p)) is None
     q = tmp_path / "stories.bin"
     q.write_bytes(b"\x20\x01\x00\x00" + bytes(64))          # a llama2.c header, not a torch zip
-    assert _rwkv_path(SimpleNamespace(model=str(q), checkpoint=None)) is None
+    assert model_path(str(q)) is None
 
 
 # -- chat ---------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ a layer or sideways into kernels, and no module takes another package's private 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -18,13 +19,13 @@ LAYER_OF = {
     "refimpl": "facade",                 # refimpl/__init__.py: re-exports core and ops for `import refimpl`
     "refimpl.types": "core", "refimpl.qtensor": "core", "refimpl.quants": "core", "refimpl.gguf": "core",
     "refimpl.dispatch": "core", "refimpl.shapes": "core", "refimpl.tolerances": "core", "refimpl.rounding": "core",
-    "refimpl.progress": "core", "refimpl.errors": "core",
+    "refimpl.progress": "core", "refimpl.errors": "core", "refimpl.residency": "core", "refimpl.backends": "core",
     "refimpl.ops": "ops",
     "refimpl.kernels": "kernels",
     "refimpl.models": "models", "refimpl.tokenizers": "models", "refimpl.tokenizer": "models",
     "refimpl.chat": "models", "refimpl.sampling": "models",
     "refimpl.compare": "tools", "refimpl.check": "tools", "refimpl.report": "tools", "refimpl.__main__": "tools",
-    "refimpl.conformance": "tools",
+    "refimpl.conformance": "tools", "refimpl.cliargs": "tools",
     "refimpl.rpc": "tools", "refimpl.convert": "tools", "refimpl.fetch": "tools", "refimpl.requantize": "tools",
     "refimpl.testing": "testing",
 }
@@ -198,7 +199,7 @@ DEVICE_WORDS = ("copy_to_host", "to_device", "on_device", "residency", "device_o
 
 def test_models_do_not_know_where_they_run():
     """Models call ops only: the CUDA backend keeps activations, weights and state on its device by itself
-    (refimpl.dispatch.state_copy for the state a model writes); no model code names a device or a backend."""
+    (refimpl.backends.state_copy for the state a model writes); no model code names a device or a backend."""
     bad = []
     for path in sorted((ROOT / "refimpl" / "models").rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -257,3 +258,75 @@ def test_library_code_reaches_other_packages_through_their_public_modules():
                 if any(p.startswith("_") and not p.startswith("__") for p in t.split(".")):
                     bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {m} imports {t}")
     assert not bad, "private modules of other packages:\n" + "\n".join(bad)
+
+
+# Each shared helper has one home: ggml's layout predicates in shapes.py, C's libm as correctly rounded f32
+# functions in rounding.py, type names in types.py, RoPE's mode constants in ops/rope.py.
+HOMES = {"ne_nb": "refimpl.shapes", "rows_packed": "refimpl.shapes", "is_contiguous": "refimpl.shapes",
+         "is_contiguous_1": "refimpl.shapes", "is_transposed": "refimpl.shapes", "check_layout": "refimpl.shapes",
+         "libm_f32": "refimpl.rounding", "expf_f32": "refimpl.rounding", "erff_f32": "refimpl.rounding",
+         "type_name": "refimpl.types"}
+LOOKALIKES = re.compile(r"^_*(is_)?(contig\w*|rows_(packed|contiguous)|transposed|t(ype_)?name|libm(_f32)?|expf\w*|"
+                        r"erff\w*|ne_nb)$")
+
+
+def test_each_shared_helper_has_one_home():
+    bad = []
+    for m, path in MODULES.items():
+        if _layer(m) == "testing":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and LOOKALIKES.match(node.name) and HOMES.get(node.name) != m:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: def {node.name} (home: "
+                           f"{HOMES.get(node.name.strip('_'), 'refimpl.shapes / rounding / types')})")
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name) and n.id.startswith("ROPE_TYPE_") and m != "refimpl.ops.rope":
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {n.id} (RoPE modes live in ops/rope.py)")
+    assert not bad, "helpers defined outside their home:\n" + "\n".join(bad)
+
+
+def test_errors_leave_the_command_line_in_one_place():
+    """A user error is raised (ValueError, OSError, ...) and main() alone turns it into one line: no
+    SystemExit("refimpl: error: ...") anywhere in the library."""
+    bad = []
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                f = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(f, ast.Name) and f.id == "SystemExit":
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "SystemExit raised outside main():\n" + "\n".join(bad)
+
+
+def test_model_families_are_told_apart_by_the_registry():
+    """refimpl.models.FAMILIES names the module for each architecture; the modules' own tables agree."""
+    from refimpl.models import FAMILIES, family, gemma3, gpt_oss, llama
+    for arch in llama.ROPE_MODE:
+        assert family(arch) is llama, arch
+    for mod in (gemma3, gpt_oss):
+        for arch in mod.ARCHS:
+            assert family(arch) is mod, arch
+    assert set(FAMILIES) >= set(llama.ROPE_MODE) | set(gemma3.ARCHS) | set(gpt_oss.ARCHS)
+    for name in ("refimpl/__main__.py", "refimpl/compare.py"):
+        tree = ast.parse((ROOT / name).read_text())
+        chains = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") ==
+                  "isinstance" and len(n.args) == 2 and getattr(n.args[1], "attr", getattr(n.args[1], "id", ""))
+                  .endswith("Model")]
+        assert not chains, f"{name}: model kinds told apart by isinstance at lines {chains}"
+
+
+def test_models_never_ask_the_numerics():
+    """A model calls ops; how its KV cache stores and spans cells is the cache's, chosen by the profile when the
+    cache is made (dispatch.kv_layout), and roundings are the dispatch's."""
+    bad = []
+    for m, path in MODULES.items():
+        if _layer(m) != "models" or not m.startswith("refimpl.models"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+                node.name if isinstance(node, ast.alias) else None
+            if name in ("ggml_numerics", "current_numerics"):
+                bad.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}: {name}")
+    assert not bad, "models asking which numerics runs them:\n" + "\n".join(bad)

@@ -88,7 +88,7 @@ def load() -> None:
                 failed.append(f"{name}: {e}")
         except ImportError as e:
             failed.append(f"{name}: {e}")
-    from ..dispatch import register_scope
+    from ..backends import register_scope
     from . import blas
     register_scope("numba", blas.forward_scope)
     if failed:

@@ -191,7 +191,7 @@ def matmul_t(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 
 @contextlib.contextmanager
 def forward_scope(n_tokens: int, workload: str):
-    """The numba backend's scope around a model's forward pass (refimpl.dispatch.forward_scope): the kernels'
+    """The numba backend's scope around a model's forward pass (refimpl.backends.forward_scope): the kernels'
     thread count read once for the pass (Numba's public getter takes ~1 us, and a decode step asks hundreds
     of times); in exact numerics on several threads, BLAS on one for the pass (the module doc: its f64
     products split over refimpl's threads instead, and no BLAS worker spins against the Numba kernels)."""

@@ -35,7 +35,7 @@ from numba import njit, prange
 
 from ..ops import matmul as ref_mm
 from ..dispatch import current_numerics, register
-from ..shapes import ne4
+from ..shapes import is_transposed, ne4, rows_packed
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 from . import blas, mkl, quants, simd
@@ -329,14 +329,14 @@ def _tile(nblocks: int, blck: int) -> np.ndarray:
 
 def _covered(a, b) -> bool:
     """The inputs this kernel computes: the reference's checks all pass (so it would not raise), b f32."""
-    if isinstance(b, QTensor) or b.dtype != np.float32 or b.ndim > 4 or not ref_mm.rows_packed(b):
+    if isinstance(b, QTensor) or b.dtype != np.float32 or b.ndim > 4 or not rows_packed(b):
         return False
     if isinstance(a, QTensor):
         if a.type not in ref_mm.VEC_DOT_TYPE or int(a.type) not in GEMV:
             return False
     elif not isinstance(a, np.ndarray) or a.dtype not in (np.float32, np.float16):
         return False
-    if a.ndim > 4 or ref_mm.is_transposed(a) or not ref_mm.rows_packed(a):
+    if a.ndim > 4 or is_transposed(a) or not rows_packed(a):
         return False
     na, nb = ne4(a.shape), ne4(b.shape)
     return (na[0] == nb[0] and na[0] > 0 and min(na) > 0 and min(nb) > 0

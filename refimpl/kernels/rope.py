@@ -22,6 +22,7 @@ from numba import njit
 
 from ..ops import rope as ref_rope
 from ..dispatch import register
+from ..rounding import libm_f32
 from ..shapes import ne4
 from ._common import parallel_ranges
 
@@ -110,12 +111,12 @@ def _constants(*args):
 
 def _compute_constants(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
     """The per-call scalars of rope (theta_scale, YaRN's corr dims, mscale), as the reference computes them."""
-    theta_scale = F32(ref_rope.libm_f32(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
+    theta_scale = F32(libm_f32(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
     lo, hi = ref_rope.yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     fs, ext = F32(freq_scale), F32(ext_factor)
     mscale = F32(attn_factor)
     if ext != 0:
-        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(ref_rope.libm_f32(np.log, F32(1.0) / fs))
+        inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(libm_f32(np.log, F32(1.0) / fs))
         mscale = F32(mscale * F32(inner))
     return theta_scale, lo, hi, fs, ext, mscale
 

@@ -17,6 +17,7 @@ from numba import njit
 
 from ..ops import recurrent as ref_rc
 from ..dispatch import register
+from ..rounding import expf_f32
 from ..shapes import ne4
 from ._common import pairwise_sum_f64, parallel_ranges
 
@@ -91,7 +92,7 @@ def ssm_scan(s, x, dt, A, B, C, ids, K: int = 1) -> np.ndarray:
     d_state, head_dim, n_head, n_tok, n_seqs, n_group, na0 = dims
     cont = np.ascontiguousarray
     d = cont(ref_rc.softplus_f32(dt.reshape(n_seqs, n_tok, n_head)))                   # (n_seqs, n_tok, n_head)
-    dA = cont(ref_rc.expf_f32(d[..., None] * A.reshape(n_head, na0)))                # (n_seqs, n_tok, n_head, na0)
+    dA = cont(expf_f32(d[..., None] * A.reshape(n_head, na0)))                # (n_seqs, n_tok, n_head, na0)
     s0 = cont(s.reshape(-1, n_head, head_dim, d_state))
     x4 = cont(x.reshape(n_seqs, n_tok, n_head, head_dim))
     B4, C4 = (cont(v.reshape(n_seqs, n_tok, n_group, d_state)) for v in (B, C))

@@ -68,7 +68,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..dispatch import forward_scope
+from ..backends import forward_scope
 from ..errors import BertError, LoadError, TokenizerError
 from ..ops import add, cont, gelu, gelu_erf, get_rows, mul_mat, permute, soft_max_ext, transpose
 from ..ops.fused import add_norm_affine, attn_mha, attn_qkv, mul_mat_add, mul_mat_add_gelu, stack_qkv

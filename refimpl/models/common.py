@@ -9,7 +9,8 @@ from typing import Callable
 import numpy as np
 
 from .. import gguf as _gguf
-from ..dispatch import state_copy, to_host  # noqa: F401  (for the models)
+from ..backends import state_copy  # noqa: F401  (for the models)
+from ..residency import to_host  # noqa: F401  (for the models)
 from ..errors import LoadError
 from ..ops import add, mul, norm, set_rows
 

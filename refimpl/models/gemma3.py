@@ -45,16 +45,17 @@ from typing import Any
 
 import numpy as np
 
-from ..dispatch import forward_scope
-from ..ops import add, geglu, get_rows, ggml_numerics, mul, mul_mat, rms_norm, rope_ext, scale, tanh
+from ..backends import forward_scope
+from ..ops import add, geglu, get_rows, mul, mul_mat, rms_norm, rope_ext, scale, tanh
 from . import llama
 from .common import capture_fn, constant, getter, load_checked, to_host
-from .llama import (ROPE_NEOX, HParams, KVCache, attention, causal_mask, format_chat, n_kv_cells,  # noqa: F401
+from ..ops.rope import ROPE_TYPE_NEOX
+from .llama import (HParams, KVCache, attention, causal_mask, format_chat,  # noqa: F401
                     new_cache)
 
 A = Any  # np.ndarray or refimpl.QTensor
 
-ARCHS = {"gemma3": ROPE_NEOX}
+ARCHS = {"gemma3": ROPE_TYPE_NEOX}
 SWA_PATTERN = 6                 # llama.cpp's load_swa_pattern(ml, 6) for gemma3
 ROPE_BASE_SWA = 10000.0         # llama_hparams.rope_freq_base_train_swa's default
 
@@ -209,8 +210,6 @@ def layer(x, w: Layer, model: Gemma3Model, cache: KVCache, il: int, pos: int, ma
     cap(f"Vcur-{il}", v)
     q = scale(q, gp.attn_scale)
     kk, vv = cache.store(il, k, v, pos)
-    if ggml_numerics():                              # llama.cpp's view: the cells as stored, padded span
-        kk, vv = cache.cells(il, mask.shape[-1])
     attn = mul_mat(w.attn_output, attention(q, kk, vv, mask, 1.0, cap, il))
     cap(f"attn_out-{il}", attn)
     cur = norm(attn, w.post_attention_norm, hp.rms_eps)
@@ -239,7 +238,7 @@ def forward(model: Gemma3Model, tokens, cache: KVCache, *, capture=None, last_on
     cap("inp_embd", x)
     x = scale(x, gp.embd_scale)
     cap("inp_scaled", x)
-    n_kv = n_kv_cells(pos + T)
+    n_kv = cache.span(pos + T)
     masks = {False: causal_mask(T, n_kv, pos)}
     if any(gp.is_swa):
         masks[True] = swa_mask(T, n_kv, pos, gp.n_swa)

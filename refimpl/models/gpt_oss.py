@@ -45,18 +45,19 @@ from typing import Any
 
 import numpy as np
 
-from ..dispatch import forward_scope
-from ..ops import (add, add_id, argsort_top_k, get_rows, ggml_numerics, mul, mul_mat, mul_mat_id, rope_ext, scale,
+from ..backends import forward_scope
+from ..ops import (add, add_id, argsort_top_k, get_rows, mul, mul_mat, mul_mat_id, rope_ext, scale,
                    soft_max_ext, swiglu_oai)
 from . import llama
 from .common import capture_fn, constant, getter, load_checked, to_host
 from .gemma3 import norm, swa_mask
-from .llama import (ROPE_NEOX, HParams, KVCache, attention, causal_mask, format_chat, n_kv_cells,  # noqa: F401
+from ..ops.rope import ROPE_TYPE_NEOX
+from .llama import (HParams, KVCache, attention, causal_mask, format_chat,  # noqa: F401
                     new_cache)
 
 A = Any  # np.ndarray or refimpl.QTensor
 
-ARCHS = {"gpt-oss": ROPE_NEOX}
+ARCHS = {"gpt-oss": ROPE_TYPE_NEOX}
 SWA_PATTERN = 2                 # llama.cpp's load_swa_pattern(ml, 2) for gpt-oss
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0    # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
 
@@ -234,8 +235,6 @@ def layer(x, w: Layer, model: GptOssModel, cache: KVCache, il: int, pos: int, ma
     cap(f"Kcur-{il}", k)
     cap(f"Vcur-{il}", v)
     kk, vv = cache.store(il, k, v, pos)
-    if ggml_numerics():                              # llama.cpp's view: the cells as stored, padded span
-        kk, vv = cache.cells(il, mask.shape[-1])
     attn = attention(q, kk, vv, mask, 1.0 / float(np.sqrt(np.float32(D))), cap, il, sinks=w.attn_sinks)
     attn = add(mul_mat(w.attn_output, attn), w.attn_output_b)
     cap(f"attn_out-{il}", attn)
@@ -259,7 +258,7 @@ def forward(model: GptOssModel, tokens, cache: KVCache, *, capture=None, last_on
     cap = capture_fn(capture)
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)
-    n_kv = n_kv_cells(pos + T)
+    n_kv = cache.span(pos + T)
     masks = {False: causal_mask(T, n_kv, pos)}
     if any(op.is_swa):
         masks[True] = swa_mask(T, n_kv, pos, op.n_swa)

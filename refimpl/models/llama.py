@@ -15,7 +15,7 @@ ffn_down(silu(ffn_gate x) * ffn_up x) -> residual; output_norm, then output (or 
 The model calls ops only and never knows where it runs: under `refimpl.backend("cuda")` (exact numerics) the
 backend keeps the activations on its device between ops, uploads each weight and each read-only input (the
 mask and positions, `constant`) once, and holds the KV cache a cache made under it allocates
-(`refimpl.dispatch.state_copy`), written with set_rows as llama.cpp writes it.
+(`refimpl.backends.state_copy`), written with set_rows as llama.cpp writes it.
 """
 from __future__ import annotations
 
@@ -27,10 +27,12 @@ from typing import Any
 import numpy as np
 
 from .. import gguf as _gguf
-from ..dispatch import forward_scope
-from ..ops import (add, cast, concat, cont, get_rows, ggml_numerics, mul, mul_mat, permute, rms_norm, rope_ext,
+from ..backends import forward_scope
+from ..dispatch import kv_layout
+from ..ops import (add, cast, concat, cont, get_rows, mul, mul_mat, permute, rms_norm, rope_ext,
                    soft_max_ext, swiglu)
 from ..ops.matmul import VEC_DOT_TYPE, ggml_type
+from ..ops.rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
 from ..qtensor import QTensor
 from ..types import GGMLType, traits
 from .common import (capture_fn, check_alloc, constant, getter, load_checked, state_copy, to_host,  # noqa: F401
@@ -39,7 +41,6 @@ from .common import (capture_fn, check_alloc, constant, getter, load_checked, st
 A = Any  # np.ndarray or QTensor
 
 
-ROPE_NORMAL, ROPE_NEOX = 0, 2
 # The architectures this graph computes exactly as llama.cpp does, with llama.cpp's rope type for each
 # (llama_model_rope_type): the converter permutes llama/mistral Q/K rows so that adjacent pairs (NORMAL)
 # reproduce HF's rotate-half; qwen2 keeps halves (NEOX) and adds Q/K/V biases. llama is compared with
@@ -47,7 +48,7 @@ ROPE_NORMAL, ROPE_NEOX = 0, 2
 # qwen2 runs but has no llama.cpp golden yet; qwen3 is llama's graph with Q/K norms (tiny random models
 # compared with llama.cpp). gemma3 has its own graph (refimpl.models.gemma3); architectures with other norms
 # or scalings (granite's multipliers, phi3's fused QKV, ...) are refused (docs/models.md lists them).
-ROPE_MODE = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX}
+ROPE_MODE = {"llama": ROPE_TYPE_NORMAL, "mistral": ROPE_TYPE_NORMAL, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX}
 QK_NORM = frozenset({"qwen3"})     # llm_build_qwen3: Q and K RMS-normed per head (attn_q_norm, attn_k_norm) before rope
 
 
@@ -332,25 +333,37 @@ class KVCache:
     """Preallocated K and V per layer: k[il] (n_ctx, n_head_kv, head_dim), filled in place.
 
     `n_past` tokens are stored. `copy()` forks a conversation (the buffers are copied once).
-    dtype float32 (exact) or float16 (what llama.cpp's default cache stores). The buffers live where the
-    backend active when the cache is made keeps state (refimpl.dispatch.state_copy), as llama.cpp allocates
+    Its layout is the numerics profile's when it is made (refimpl.dispatch.kv_layout): float32 rows over the
+    filled cells (exact, fast), or llama.cpp's: float16 cells (its default cache type; `dtype` overrides it)
+    and an attention span padded to a multiple of `pad` = 256 cells (the ggml profiles). The buffers live where the
+    backend active when the cache is made keeps state (refimpl.backends.state_copy), as llama.cpp allocates
     its cache in a backend buffer; the rows are written with set_rows, as llama.cpp 0.25.3 writes them.
     """
 
-    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, dtype=np.float32):
+    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, dtype=None):
+        layout_dtype, self.pad = kv_layout()
+        dtype = layout_dtype if dtype is None else dtype
         self.k = state_copy(np.zeros((n_layer, n_ctx, n_head_kv, head_dim), dtype))
         self.v = state_copy(np.zeros((n_layer, n_ctx, n_head_kv, head_dim), dtype))
         self.n_past = 0
         self.n_ctx = n_ctx
 
+    def span(self, n_used: int) -> int:
+        """The number of cells the attention spans after n_used positions are filled (the mask's width):
+        n_used, or llama.cpp's padded count, a multiple of `pad`."""
+        return -(-n_used // self.pad) * self.pad
+
     def store(self, il: int, k, v, pos: int):
-        """Write this layer's K, V (T, n_head_kv, head_dim) for positions pos..pos+T-1; return K, V of
-        positions 0..pos+T-1 as f32."""
+        """Write this layer's K, V (T, n_head_kv, head_dim) for positions pos..pos+T-1; return what the
+        attention reads: K, V of positions 0..pos+T-1 as f32, or (a padded layout) llama.cpp's view, the
+        first span(pos+T) cells as stored (`cells`)."""
         T = k.shape[0]
         if pos + T > self.n_ctx:
             raise ValueError(f"KV cache full: {pos} + {T} tokens > n_ctx {self.n_ctx}")
         write_rows(self.k[il], k, pos)
         write_rows(self.v[il], v, pos)
+        if self.pad > 1:
+            return self.cells(il, self.span(pos + T))
         kk, vv = self.k[il, :pos + T], self.v[il, :pos + T]
         if kk.dtype != np.float32:
             kk, vv = cast(kk, GGMLType.F32), cast(vv, GGMLType.F32)
@@ -359,7 +372,7 @@ class KVCache:
     def cells(self, il: int, n_kv: int):
         """K, V of this layer's first n_kv cells (n_kv, n_head_kv, head_dim) in the cache's own dtype, as
         llama.cpp's graph views them; cells past n_ctx read as zeros (llama.cpp's cache is a multiple of
-        KV_PAD cells, and a masked cell contributes exact zeros wherever it holds a finite value)."""
+        `pad` cells, and a masked cell contributes exact zeros wherever it holds a finite value)."""
         k, v = self.k[il, :n_kv], self.v[il, :n_kv]
         if n_kv > self.n_ctx:
             zeros = np.zeros((n_kv - self.n_ctx,) + tuple(k.shape[1:]), k.dtype)
@@ -369,17 +382,16 @@ class KVCache:
     def copy(self) -> "KVCache":
         c = KVCache.__new__(KVCache)
         c.k, c.v = state_copy(self.k), state_copy(self.v)
-        c.n_past, c.n_ctx = self.n_past, self.n_ctx
+        c.n_past, c.n_ctx, c.pad = self.n_past, self.n_ctx, self.pad
         return c
 
 
 def new_cache(model: LlamaModel, n_ctx: int | None = None, dtype=None) -> KVCache:
-    """An empty KVCache for n_ctx positions (default: the training context, at most 2048). dtype None means
-    float32 in exact mode and float16 under numerics="ggml" (llama.cpp's default K/V type)."""
+    """An empty KVCache for n_ctx positions (default: the training context, at most 2048), laid out as the active
+    numerics profile says (KVCache); dtype overrides the cells' type."""
     hp = model.hparams
     n_ctx = min(hp.n_ctx_train or 2048, 2048) if n_ctx is None else n_ctx
-    if dtype is None:
-        dtype = np.float16 if ggml_numerics() else np.float32
+    dtype = kv_layout()[0] if dtype is None else dtype
     if int(n_ctx) != n_ctx or n_ctx < 1:
         raise ValueError(f"new_cache: n_ctx must be a positive integer, got {n_ctx!r}")
     check_alloc(2 * hp.n_layer * int(n_ctx) * hp.n_head_kv * hp.head_dim * np.dtype(dtype).itemsize,
@@ -401,23 +413,12 @@ def causal_mask(n_tokens: int, n_kv: int, pos: int) -> np.ndarray:
 # rounds Q and the softmax output to the cache type before the dot products. Two more facts of that build
 # (llama-cpp-python 0.3.36, measured against its graph with a cb_eval callback, refimpl.compare):
 #
-#   n_kv    the graph spans a multiple of KV_PAD cells, the unused ones masked with -inf. They add exact
+#   n_kv    the graph spans a multiple of 256 cells (KVCache.pad), the unused ones masked with -inf. They add exact
 #           zeros, but they change how soft_max_ext's row splits into 8-lane chunks and its tail, and
 #           kqv's dot length, hence the roundings.
 #   sgemm   llama.cpp compiles llamafile's sgemm: F32/F16 products with >= 2 tokens take tinyBLAS's order.
 #           That is the "llamafile" part of the numerics="ggml" profile (refimpl.kernels.ggml.llamafile),
 #           chosen by the dispatch: the model just calls mul_mat.
-
-KV_PAD = 256            # llama.cpp's KV cache: the graph attends over ceil(n_used / KV_PAD) * KV_PAD cells
-
-
-def n_kv_cells(n_used: int) -> int:
-    """The number of cache cells the attention spans after n_used positions are filled: n_used in exact
-    mode; under numerics="ggml" llama.cpp's padded count, a multiple of KV_PAD."""
-    if not ggml_numerics():
-        return n_used
-    return -(-n_used // KV_PAD) * KV_PAD
-
 
 def attention(q, k, v, mask, scale, cap, il, sinks=None) -> np.ndarray:
     """q (T, n_head, head_dim), k, v (n_kv, n_head_kv, head_dim) -> (T, n_head*head_dim); sinks (n_head,)
@@ -467,8 +468,6 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
     cap(f"Kcur-{il}", k)
     cap(f"Vcur-{il}", v)
     kk, vv = cache.store(il, k, v, pos)
-    if ggml_numerics():                              # llama.cpp's view: the cells as stored, padded span
-        kk, vv = cache.cells(il, mask.shape[-1])
     attn = mul_mat(w.attn_output, attention(q, kk, vv, mask, 1.0 / float(np.sqrt(D)), cap, il))
     cap(f"attn_out-{il}", attn)
     ffn_inp = add(attn, x)
@@ -505,7 +504,7 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
     cap = capture_fn(capture)
     x = get_rows(model.token_embd, tokens)
     cap("inp_embd", x)
-    mask = causal_mask(T, n_kv_cells(pos + T), pos)
+    mask = causal_mask(T, cache.span(pos + T), pos)
     positions = constant(np.arange(pos, pos + T, dtype=np.int32))
     with forward_scope(T, "decoder"):
         for il, w in enumerate(model.layers):

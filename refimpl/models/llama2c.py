@@ -70,7 +70,8 @@ from typing import Iterable
 import numpy as np
 
 from ..errors import LoadError, looks_like
-from .llama import ROPE_NORMAL, HParams, Layer, LlamaModel
+from ..ops.rope import ROPE_TYPE_NORMAL
+from .llama import HParams, Layer, LlamaModel
 
 MAGIC = 0x616B3432            # "ak42" read as a little-endian uint32
 HEADER_BYTES = 256            # versions 1 and 2
@@ -258,7 +259,7 @@ def hparams(cfg: Config) -> HParams:
     return HParams(arch="llama", n_vocab=cfg.vocab_size, n_ctx_train=cfg.seq_len, n_embd=cfg.dim,
                    n_layer=cfg.n_layers, n_head=cfg.n_heads, n_head_kv=cfg.n_kv_heads, head_dim=cfg.head_size,
                    n_ff=cfg.hidden_dim, n_rot=cfg.head_size, rms_eps=RMS_EPS, rope_base=ROPE_BASE,
-                   rope_freq_scale=1.0, rope_mode=ROPE_NORMAL)
+                   rope_freq_scale=1.0, rope_mode=ROPE_TYPE_NORMAL)
 
 
 def load(checkpoint_path, tokenizer_path=None) -> LlamaModel:
@@ -486,3 +487,63 @@ def load_tokenizer(path, n_vocab: int | None = None) -> Llama2cTokenizer:
     if len(pieces) < 3:
         raise _bad(path, f"{len(pieces)} tokens; llama2.c needs at least unk, BOS, EOS (ids 0, 1, 2)", "vocab_size")
     return Llama2cTokenizer(pieces, scores, max_len, path)
+
+
+# -- for the command line: a checkpoint's weight statistics, run.c's chat ---------------------------------------
+
+def weight_stats(ck: Checkpoint):
+    """(name, shape, stats) per weight of a checkpoint (the shared classifier once): stats a dict of min, max,
+    mean, std over the finite values (f64 sums, one layer at a time), n (how many are finite) and nonfinite."""
+    for name, t in ck.tensors.items():
+        if name == "wcls" and ck.shared_classifier:
+            continue
+        lo, hi, s1, s2, n, nonfinite = np.inf, -np.inf, 0.0, 0.0, 0, 0
+        for part in (t if t.ndim == 3 else [t]):
+            f = np.asarray(part, dtype=np.float32).reshape(-1)
+            fin = np.isfinite(f)
+            if not fin.all():
+                nonfinite += int((~fin).sum())
+                f = f[fin]
+            if f.size:
+                lo, hi = min(lo, float(f.min())), max(hi, float(f.max()))
+                s1 += float(np.sum(f, dtype=np.float64))
+                s2 += float(np.sum(np.square(f, dtype=np.float64)))
+                n += f.size
+        mean = s1 / n if n else float("nan")
+        std = float(np.sqrt(max(s2 / n - mean * mean, 0.0))) if n else float("nan")
+        yield name, tuple(t.shape), dict(min=lo, max=hi, mean=mean, std=std, n=n, nonfinite=nonfinite)
+
+
+def chat_turns(m: LlamaModel, sampler, turns, *, system: str = "", steps: int = 0):
+    """run.c's chat, as text pieces to print: each user turn "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user}
+    [/INST]" (the system part on the first turn only) encoded with BOS, the reply sampled until EOS (at most
+    `steps` tokens, 0: up to seq_len), which is then fed to close the turn; one KV cache for the whole
+    conversation. Ends with "[context full]" when the cache is."""
+    from . import llama
+    tok = m.tokenizer
+    steps = steps if steps > 0 else m.hparams.n_ctx_train
+    cache = llama.new_cache(m, m.hparams.n_ctx_train)
+    first = True
+    for user in turns:
+        text = (f"[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]" if first and system
+                else f"[INST] {user} [/INST]")
+        first = False
+        ids = tok.encode(text)
+        if cache.n_past + len(ids) >= cache.n_ctx:
+            yield "[context full]\n"
+            return
+        logits = llama.forward(m, ids, cache, last_only=True)[-1]
+        history, stream = list(ids), tok.stream()
+        stream.prev = ids[-1]
+        for _ in range(steps):
+            t = sampler.sample(logits, history)
+            if t == tok.eos_id or cache.n_past >= cache.n_ctx:
+                break
+            history.append(t)
+            yield stream.push(t)
+            logits = llama.forward(m, [t], cache)[-1]
+        yield stream.flush() + "\n"
+        if cache.n_past >= cache.n_ctx:
+            yield "[context full]\n"
+            return
+        llama.forward(m, [tok.eos_id], cache)

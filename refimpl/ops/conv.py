@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..qtensor import QTensor, dequantize, quantize
-from ..types import GGMLType, as_type
+from ..types import GGMLType, as_type, type_name
 from ..dispatch import op
 from ..shapes import fail, ne4, nonempty
 from .matmul import mul_mat
@@ -59,17 +59,13 @@ def _dtype_of(t, name: str, allowed=(GGMLType.F32, GGMLType.F16)) -> np.dtype:
     return np.dtype(np.float16 if tt == GGMLType.F16 else np.float32)
 
 
-def _type_name(x) -> str:
-    return x.traits.name if isinstance(x, QTensor) else np.asarray(x).dtype.name
-
-
 def _is(x, *dtypes) -> bool:
     return not isinstance(x, QTensor) and np.asarray(x).dtype in [np.dtype(d) for d in dtypes]
 
 
 def _need(name: str, what: str, x, dtypes, **operands) -> None:
     if not _is(x, *dtypes):
-        fail(name, f"{what} must be {'/'.join(np.dtype(d).name for d in dtypes)}, got {_type_name(x)}", **operands)
+        fail(name, f"{what} must be {'/'.join(np.dtype(d).name for d in dtypes)}, got {type_name(x)}", **operands)
 
 
 def _positive(name: str, **params) -> None:
@@ -276,7 +272,7 @@ def col2im_1d(a, s0: int, oc: int, p0: int = 0):
 # `covers` names the ggml op their graphs are built on (an empty `covers` would fall back to the function's
 # own name, which for conv_2d / conv_2d_dw is the enum of the *direct* ops).
 
-def _contig(x):
+def _packed(x):
     return x if isinstance(x, QTensor) else np.ascontiguousarray(x)
 
 
@@ -298,7 +294,7 @@ def conv_1d(a: np.ndarray, b: np.ndarray, s0: int = 1, p0: int = 0, d0: int = 1)
     cols = im2col(a, b, s0, 0, p0, 0, d0, 0, False, GGMLType.F16)            # (N, OL, IC*K) f16
     N, OL, K = cols.shape
     OC = ne4(a.shape)[2]
-    y = mul_mat(cols.reshape(N * OL, K), _contig(a).reshape(OC, K))          # (OC, N*OL)
+    y = mul_mat(cols.reshape(N * OL, K), _packed(a).reshape(OC, K))          # (OC, N*OL)
     return np.ascontiguousarray(y.reshape(OC, N, OL).transpose(1, 0, 2))
 
 
@@ -320,7 +316,7 @@ def conv_1d_dw(a: np.ndarray, b: np.ndarray, s0: int = 1, p0: int = 0, d0: int =
     if nb[2] != 1 or nb[3] != 1:
         fail("conv_1d_dw", "b must be ne [L, C, 1] (ggml's im2col asserts a single sequence)", a=a, b=b)
     cols = im2col(a, b.reshape(nb[1], 1, nb[0]), s0, 0, p0, 0, d0, 0, False, GGMLType.F16)  # (C, OL, K)
-    y = mul_mat(cols, _contig(a))                                            # (C_a, 1, OL)
+    y = mul_mat(cols, _packed(a))                                            # (C_a, 1, OL)
     return y.reshape(y.shape[0], y.shape[2])
 
 
@@ -339,11 +335,11 @@ def conv_2d(a: np.ndarray, b: np.ndarray, s0: int = 1, s1: int = 1, p0: int = 0,
     s0/p0/d0 act on the width (ne0), s1/p1/d1 on the height.
     """
     if not (_is(a, np.float32) or _is(a, np.float16)):
-        fail("conv_2d", f"kernel must be f32 or f16 (im2col runs in its type), got {_type_name(a)}", a=a, b=b)
+        fail("conv_2d", f"kernel must be f32 or f16 (im2col runs in its type), got {type_name(a)}", a=a, b=b)
     cols = im2col(a, b, s0, s1, p0, p1, d0, d1, True, np.asarray(a).dtype)     # (N, OH, OW, IC*KH*KW)
     N, OH, OW, K = cols.shape
     OC = ne4(a.shape)[3]
-    y = mul_mat(cols.reshape(N * OH * OW, K), _contig(a).reshape(OC, K))       # (OC, N*OH*OW)
+    y = mul_mat(cols.reshape(N * OH * OW, K), _packed(a).reshape(OC, K))       # (OC, N*OH*OW)
     return np.ascontiguousarray(y.reshape(OC, N, OH, OW).transpose(1, 0, 2, 3))
 
 
@@ -366,7 +362,7 @@ def conv_2d_dw(a: np.ndarray, b: np.ndarray, s0: int = 1, s1: int = 1, p0: int =
     C_a = na[2] * na[3]
     if C_a == 0 or nb[2] % C_a:
         fail("conv_2d_dw", "data channels must be a multiple of the kernel's", a=a, b=b)
-    new_a = _contig(a).reshape(C_a, 1, na[1], na[0])
+    new_a = _packed(a).reshape(C_a, 1, na[1], na[0])
     cols = im2col(new_a, np.asarray(b).reshape(nb[3] * nb[2], 1, nb[1], nb[0]), s0, s1, p0, p1, d0, d1, True,
                   GGMLType.F16)                                                # (N*C, OH, OW, KH*KW)
     _, OH, OW, K = cols.shape
@@ -391,7 +387,7 @@ def conv_3d(a: np.ndarray, b: np.ndarray, IC: int, s0: int = 1, s1: int = 1, s2:
     """
     nonempty("conv_3d", a=a, b=b)
     if not (_is(a, np.float32) or _is(a, np.float16)):
-        fail("conv_3d", f"kernel must be f32 or f16 (im2col_3d runs in its type), got {_type_name(a)}", a=a, b=b)
+        fail("conv_3d", f"kernel must be f32 or f16 (im2col_3d runs in its type), got {type_name(a)}", a=a, b=b)
     na = ne4(a.shape)
     if na[3] % IC:
         fail("conv_3d", f"kernel ne3 must be OC*IC with IC={IC}", a=a, b=b)
@@ -399,7 +395,7 @@ def conv_3d(a: np.ndarray, b: np.ndarray, IC: int, s0: int = 1, s1: int = 1, s2:
     cols = im2col_3d(a, b, IC, s0, s1, s2, p0, p1, p2, d0, d1, d2, np.asarray(a).dtype)  # (N*OD, OH, OW, K)
     NOD, OH, OW, K = cols.shape
     N = ne4(np.shape(b))[3] // IC
-    y = mul_mat(cols.reshape(NOD * OH * OW, K), _contig(a).reshape(OC, K))     # (OC, N*OD*OH*OW)
+    y = mul_mat(cols.reshape(NOD * OH * OW, K), _packed(a).reshape(OC, K))     # (OC, N*OD*OH*OW)
     y = y.reshape(OC, N, NOD // N, OH, OW).transpose(1, 0, 2, 3, 4)
     return np.ascontiguousarray(y).reshape(N * OC, NOD // N, OH, OW)
 
@@ -434,7 +430,7 @@ def conv_2d_s1_ph(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _direct_kernel(name: str, a, b) -> None:
     if not (_is(a, np.float32) or _is(a, np.float16)):
-        fail(name, f"kernel must be f32 or f16, got {_type_name(a)}", a=a, b=b)
+        fail(name, f"kernel must be f32 or f16, got {type_name(a)}", a=a, b=b)
     _need(name, "data b", b, [np.float32], a=a, b=b)
 
 

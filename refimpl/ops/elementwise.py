@@ -16,35 +16,21 @@ table) refimpl does the same with `fma32` (one rounding). GELU and GELU_QUICK ar
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
 from ..qtensor import QTensor, dequantize, quantize
-from ..rounding import f16_bits, f16_to_f32
+from ..rounding import erff_f32, expf_f32, f16_bits, f16_to_f32, fma32, libm_f32
 from ..quants.floats import f32_to_bf16_bits
-from ..types import GGMLType
+from ..types import GGMLType, type_name
 from ..dispatch import op
-from ..rounding import fma32
-from ..shapes import fail, ne4, nonempty, tile_to
+from ..shapes import check_layout, fail, ne4, nonempty, tile_to
 
 f32 = np.float32
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
 
 # -- operand types and layouts ---------------------------------------------------------------------
-
-_DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int32): "i32",
-                np.dtype(np.int64): "i64", np.dtype(np.float64): "f64"}
-
-
-def type_name(x) -> str:
-    """The ggml type name of an ndarray or QTensor: "f32", "f16", "bf16", "i32", "q4_0", ..."""
-    if isinstance(x, QTensor):
-        return x.traits.name.lower()
-    dt = x.dtype if isinstance(x, np.ndarray) else np.asarray(x).dtype
-    return _DTYPE_NAMES.get(dt) or str(dt)
-
 
 def load_f32(name: str, x, types=FLOAT_TYPES, what: str = "a") -> tuple[np.ndarray, str]:
     """x's values in f32 (exact for f16/bf16) and its type name; fail unless the type is in `types`."""
@@ -73,70 +59,7 @@ def store_as(y: np.ndarray, t: str):
     raise AssertionError(t)
 
 
-def _ne_nb(x) -> tuple[list[int], list[int], int]:
-    """ggml's ne, nb and type size of an ndarray or QTensor; size-1 dims get the packed stride (ggml
-    ignores their stride, and NumPy's is arbitrary)."""
-    if isinstance(x, QTensor):
-        ts, blck, nb0, lead = x.traits.type_size, x.traits.blck_size, x.traits.type_size, x.data.strides[:-1]
-    else:
-        x = np.asarray(x)
-        ts, blck, nb0, lead = x.itemsize, 1, (x.strides[-1] if x.ndim else x.itemsize), x.strides[:-1]
-    ne = ne4(x.shape)
-    nb = [nb0] + list(lead[::-1]) + [0] * (3 - len(lead))
-    nb[0] = ts if ne[0] == 1 else nb[0]
-    for i in range(1, 4):
-        if ne[i] == 1:
-            nb[i] = nb[i - 1] * (ne[0] // blck if i == 1 else ne[i - 1])
-    return ne, nb, ts
-
-
-def _rows_packed(x) -> bool:
-    """ggml_is_contiguous_rows: nb0 == type size (elements of a row adjacent)."""
-    ne, nb, ts = _ne_nb(x)
-    return nb[0] == ts
-
-
-def _contiguous_1(x) -> bool:
-    """ggml_is_contiguous_1 (= ggml_is_padded_1d here): rows packed, dims 2 and 3 packed over dim 1, whose
-    stride is free (rows may be padded)."""
-    ne, nb, ts = _ne_nb(x)
-    return nb[0] == ts and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
-
-
-def _contiguous(x) -> bool:
-    ne, nb, ts = _ne_nb(x)
-    n0 = ne[0] // (x.traits.blck_size if isinstance(x, QTensor) else 1)
-    return nb[0] == ts and nb[1] == ts * n0 and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
-
-
-def check_layout(name: str, layout: str, **operands) -> None:
-    check, why = {"rows": (_rows_packed, "rows must be contiguous (ggml asserts nb0 == type size)"),
-                  "contiguous_1": (_contiguous_1, "must have contiguous rows and dims 2, 3 packed over dim 1 "
-                                                  "(ggml_is_contiguous_1)"),
-                  "contiguous": (_contiguous, "must be contiguous (ggml_is_contiguous)")}[layout]
-    for k, x in operands.items():
-        if not check(x):
-            fail(name, f"{k} {why}", **{k: x})
-
-
 # -- f32 arithmetic primitives ---------------------------------------------------------------------
-
-def _libm(fn64, x) -> np.ndarray:
-    """A C single-precision libm function (expf, logf, ...): the f64 function rounded once to f32."""
-    with np.errstate(all="ignore"):
-        return fn64(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
-
-
-_erf64 = np.frompyfunc(math.erf, 1, 1)
-
-
-def _expf(x):
-    return _libm(np.exp, x)
-
-
-def _erff(x):
-    return _libm(lambda v: _erf64(v).astype(np.float64), x)
-
 
 # -- binary ops: tiling broadcast --------------------------------------------------------------------
 
@@ -356,19 +279,19 @@ def sqrt(a):
 @_doc(_unary_doc("ggml_log: the natural logarithm of each element.", "out = logf(a)   (-inf at 0, nan below)",
                  _LIBM_NOTE))
 def log(a):
-    return map_unary("log", a, lambda x: _libm(np.log, x))
+    return map_unary("log", a, lambda x: libm_f32(np.log, x))
 
 
 @op("sin")
 @_doc(_unary_doc("ggml_sin: the sine of each element (radians).", "out = sinf(a)", _LIBM_NOTE))
 def sin(a):
-    return map_unary("sin", a, lambda x: _libm(np.sin, x))
+    return map_unary("sin", a, lambda x: libm_f32(np.sin, x))
 
 
 @op("cos")
 @_doc(_unary_doc("ggml_cos: the cosine of each element (radians).", "out = cosf(a)", _LIBM_NOTE))
 def cos(a):
-    return map_unary("cos", a, lambda x: _libm(np.cos, x))
+    return map_unary("cos", a, lambda x: libm_f32(np.cos, x))
 
 
 @op("abs", covers="UNARY:ABS")
@@ -399,14 +322,14 @@ def step(a):
 @op("tanh", covers="UNARY:TANH")
 @_doc(_unary_doc("ggml_tanh: the hyperbolic tangent of each element.", "out = tanhf(a)", _LIBM_NOTE))
 def tanh(a):
-    return map_unary("tanh", a, lambda x: _libm(np.tanh, x))
+    return map_unary("tanh", a, lambda x: libm_f32(np.tanh, x))
 
 
 @op("elu", covers="UNARY:ELU")
 @_doc(_unary_doc("ggml_elu: exponential linear unit (alpha = 1).", "out = a if a > 0 else expm1f(a)",
                  _LIBM_NOTE))
 def elu(a):
-    return map_unary("elu", a, lambda x: np.where(x > 0, x, _libm(np.expm1, x)))
+    return map_unary("elu", a, lambda x: np.where(x > 0, x, libm_f32(np.expm1, x)))
 
 
 @op("relu", covers="UNARY:RELU")
@@ -418,7 +341,7 @@ def relu(a):
 @op("sigmoid", covers="UNARY:SIGMOID")
 @_doc(_unary_doc("ggml_sigmoid: the logistic function.", "out = 1 / (1 + expf(-a))   (f32 steps)", _LIBM_NOTE))
 def sigmoid(a):
-    return map_unary("sigmoid", a, lambda x: f32(1) / (f32(1) + _expf(-x)))
+    return map_unary("sigmoid", a, lambda x: f32(1) / (f32(1) + expf_f32(-x)))
 
 
 @op("hardsigmoid", covers="UNARY:HARDSIGMOID")
@@ -437,14 +360,14 @@ def hardswish(a):
 @op("exp", covers="UNARY:EXP")
 @_doc(_unary_doc("ggml_exp: e**a element-wise.", "out = expf(a)", _LIBM_NOTE))
 def exp(a):
-    return map_unary("exp", a, _expf)
+    return map_unary("exp", a, expf_f32)
 
 
 @op("expm1", covers="UNARY:EXPM1")
 @_doc(_unary_doc("ggml_expm1: e**a - 1 element-wise.", "out = expf(a) - 1   (two f32 steps, as ggml-cpu: "
                  "not expm1f, so small |a| loses precision exactly as in ggml)", _LIBM_NOTE))
 def expm1(a):
-    return map_unary("expm1", a, lambda x: _expf(x) - f32(1))
+    return map_unary("expm1", a, lambda x: expf_f32(x) - f32(1))
 
 
 @op("softplus", covers="UNARY:SOFTPLUS")
@@ -455,7 +378,7 @@ def softplus(a):
 
 
 def _softplus(x):
-    return np.where(x > f32(20), x, _libm(np.log, f32(1) + _expf(x)))
+    return np.where(x > f32(20), x, libm_f32(np.log, f32(1) + expf_f32(x)))
 
 
 @op("floor", covers="UNARY:FLOOR")
@@ -502,7 +425,7 @@ def silu(a):
 
 
 def _silu(x):
-    return x / (f32(1) + _expf(-x))
+    return x / (f32(1) + expf_f32(-x))
 
 
 @op("gelu_erf", covers="UNARY:GELU_ERF")
@@ -521,7 +444,7 @@ _GELU_QUICK_COEF = f32(-1.702)
 
 
 def _gelu_erf(x):
-    return f32(0.5) * x * (f32(1) + _erff(x * SQRT_2_INV))
+    return f32(0.5) * x * (f32(1) + erff_f32(x * SQRT_2_INV))
 
 
 @functools.lru_cache(maxsize=None)
@@ -541,12 +464,12 @@ def gelu_table() -> np.ndarray:
 def _gelu_tanh(x):
     """ggml_gelu_f32: 0.5*x*(1 + tanhf(sqrt(2/pi)*x*(1 + 0.044715*x*x))), f32 steps, the inner sum one FMA."""
     inner = _SQRT_2_OVER_PI * x * fma32(_GELU_COEF_A * x, x, f32(1))
-    return f32(0.5) * x * (f32(1) + _libm(np.tanh, inner))
+    return f32(0.5) * x * (f32(1) + libm_f32(np.tanh, inner))
 
 
 def _gelu_quick(x):
     """ggml_gelu_quick_f32: x * (1 / (1 + expf(-1.702*x))), f32 steps."""
-    return x * (f32(1) / (f32(1) + _expf(_GELU_QUICK_COEF * x)))
+    return x * (f32(1) / (f32(1) + expf_f32(_GELU_QUICK_COEF * x)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -635,7 +558,7 @@ def xielu(a, alpha_n: float, alpha_p: float, beta: float, eps: float, *, stored:
             ap = _softplus(np.float32(alpha_p).reshape(1))[0]
         bx = f32(beta) * x
         pos = fma32(ap * x, x, bx)
-        neg_ = fma32(_libm(np.expm1, np.fmin(x, f32(eps))) - x, an, bx)
+        neg_ = fma32(libm_f32(np.expm1, np.fmin(x, f32(eps))) - x, an, bx)
         return store_as(np.where(x > 0, pos, neg_), t)
 
 
@@ -674,7 +597,7 @@ def silu_back(a, b):
     if tb != t or ne4(dy.shape) != ne4(x.shape):
         fail("silu_back", "a and b must have the same shape and type", a=a, b=b)
     with np.errstate(all="ignore"):
-        s = f32(1) / (f32(1) + _expf(-x))
+        s = f32(1) / (f32(1) + expf_f32(-x))
         return store_as(dy * s * fma32(x, f32(1) - s, f32(1)), t)
 
 
@@ -757,7 +680,7 @@ def cap_clamp(x, g, limit):
 def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: bool = False):
     def act(x, g, t):
         xc, gc = cap_clamp(x, g, limit)
-        return xc / (f32(1) + _expf(f32(alpha) * -xc)) * (gc + f32(1))
+        return xc / (f32(1) + expf_f32(f32(alpha) * -xc)) * (gc + f32(1))
     return map_glu("swiglu_oai", a, b, swapped, act, ("f32",))
 
 
@@ -766,7 +689,7 @@ _GLU_TYPES = "f32/f16/bf16 (bf16: ggml 0.25.3; f32 steps, rounded once)"
 def swiglu_clamp(a, b, limit: float, *, swapped: bool = False):
     def act(x, g, t):
         xc, gc = cap_clamp(x, g, limit)
-        return xc / (f32(1) + _expf(-xc)) * gc
+        return xc / (f32(1) + expf_f32(-xc)) * gc
     return map_glu("swiglu_clamp", a, b, swapped, act, ("f32", "f16"))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..dispatch import op
 from ..shapes import fail, ne4, need_f32
-from .recurrent import expf_f32
+from ..rounding import expf_f32
 
 f32 = np.float32
 HC = 4                                           # ggml_dsv4_hc_comb asserts hc == 4

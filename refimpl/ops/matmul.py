@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..qtensor import QTensor, dequantize
-from ..types import NUMPY_DTYPES, GGMLType, type_traits
+from ..types import NUMPY_DTYPES, GGMLType, traits
 from ..dispatch import op
-from ..shapes import fail, ne4
+from ..shapes import fail, is_transposed, ne4, rows_packed
 
 # Rows of a quantized weight dequantized at a time: enough for BLAS to run at speed, small enough that the
 # whole matrix is never materialised (a 7B-class weight stays quantized).
@@ -47,26 +47,6 @@ def ggml_type(x) -> GGMLType:
     return _DTYPE_TYPE[dt]
 
 
-def _tname(t: GGMLType) -> str:
-    return type_traits[t].name
-
-
-def rows_packed(x) -> bool:
-    """ggml's nb[0] == type_size: elements of a row adjacent (always true of a QTensor)."""
-    if isinstance(x, QTensor):
-        return True
-    x = np.asarray(x)
-    return x.ndim == 0 or x.size == 0 or x.shape[-1] <= 1 or x.strides[-1] == x.itemsize
-
-
-def is_transposed(x) -> bool:
-    """ggml_is_transposed: nb[0] > nb[1]."""
-    if isinstance(x, QTensor) or np.ndim(x) < 2:
-        return False
-    x = np.asarray(x)
-    return x.size > 0 and x.shape[-1] > 1 and x.shape[-2] > 1 and x.strides[-1] > x.strides[-2]
-
-
 def _rows_f64(x, lo: int, hi: int, dtype=np.float64) -> np.ndarray:
     """Rows lo:hi of a 2-D weight (ndarray or QTensor), exactly, as f64 (or dtype: f32 is exact too)."""
     return (dequantize(x[lo:hi]) if isinstance(x, QTensor) else np.asarray(x[lo:hi])).astype(dtype, copy=False)
@@ -82,11 +62,12 @@ def _check_b(name: str, a, b, ta: GGMLType) -> None:
     try:
         tb = ggml_type(b)
     except TypeError:
-        fail(name, f"src1 must be f32 or the weight's vec_dot_type {_tname(VEC_DOT_TYPE[ta])}, got "
+        fail(name, f"src1 must be f32 or the weight's vec_dot_type {traits(VEC_DOT_TYPE[ta]).name}, got "
              f"{np.asarray(b).dtype}", a=a, b=b)
     widened = VEC_DOT_TYPE[ta] == GGMLType.F32 and tb in (GGMLType.F16, GGMLType.BF16)
     if tb != GGMLType.F32 and tb != VEC_DOT_TYPE[ta] and not widened:
-        fail(name, f"src1 must be f32 or the weight's vec_dot_type {_tname(VEC_DOT_TYPE[ta])}, got {_tname(tb)}",
+        want = traits(VEC_DOT_TYPE[ta]).name
+        fail(name, f"src1 must be f32 or the weight's vec_dot_type {want}, got {traits(tb).name}",
              a=a, b=b)
     if not rows_packed(b):
         fail(name, "src1 rows must be contiguous (nb10 == type size); use np.ascontiguousarray", a=a, b=b)
@@ -98,7 +79,7 @@ def check_weights(name: str, a) -> GGMLType:
     except TypeError:
         ta = None
     if ta not in VEC_DOT_TYPE:
-        fail(name, f"src0 type {np.asarray(a).dtype if ta is None else _tname(ta)} has no CPU vec_dot", a=a)
+        fail(name, f"src0 type {np.asarray(a).dtype if ta is None else traits(ta).name} has no CPU vec_dot", a=a)
     if is_transposed(a) or not rows_packed(a):
         fail(name, "src0 must not be transposed or permuted within rows (nb00 == type size)", a=a)
     return ta
@@ -254,7 +235,7 @@ def out_prod(a, b: np.ndarray) -> np.ndarray:
     ta = ggml_type(a) if isinstance(a, QTensor) or a.dtype in _DTYPE_TYPE else None
     if ta != GGMLType.F32 and ta != GGMLType.F16 and ta not in OUT_PROD_QTYPES:
         fail("out_prod", f"src0 must be f32, f16 or a block-quantized type, got "
-             f"{_tname(ta) if ta is not None else a.dtype}", a=a, b=b)
+             f"{traits(ta).name if ta is not None else a.dtype}", a=a, b=b)
     if b.dtype != np.float32:
         fail("out_prod", f"src1 must be f32, got {b.dtype}", a=a, b=b)
     if is_transposed(a) or not rows_packed(a):

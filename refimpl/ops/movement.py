@@ -23,7 +23,7 @@ import numpy as np
 from ..qtensor import QTensor, dequantize, quantize
 from ..types import NUMPY_DTYPES, GGMLType, as_type, traits
 from ..dispatch import op
-from ..shapes import as4, fail, ne4, nonempty
+from ..shapes import as4, fail, is_contiguous, ne4, nonempty, rows_packed
 
 _DTYPE_TYPES = {dt: t for t, dt in NUMPY_DTYPES.items()}
 
@@ -54,22 +54,6 @@ def _type(name: str, x) -> GGMLType:
     if t is None:
         fail(name, f"no ggml type for numpy dtype {np.asarray(x).dtype}", a=x)
     return t
-
-
-def _tname(t: GGMLType) -> str:
-    return traits(t).name
-
-
-def _is_contiguous(x) -> bool:
-    """ggml_is_contiguous (NumPy, like ggml, ignores the strides of size-1 axes)."""
-    return bool((x.data if isinstance(x, QTensor) else x).flags.c_contiguous)
-
-
-def _rows_contiguous(x) -> bool:
-    """ggml's nb[0] == type_size (a QTensor row is always whole blocks)."""
-    if isinstance(x, QTensor):
-        return True
-    return x.ndim == 0 or x.shape[-1] <= 1 or x.strides[-1] == x.itemsize
 
 
 def _elems(x) -> np.ndarray:
@@ -152,7 +136,7 @@ def get_rows(a, rows: np.ndarray) -> np.ndarray:
     rows = np.asarray(rows)
     t = _type("get_rows", a)
     if t in GET_ROWS_BAD:
-        fail("get_rows", f"ggml-cpu get_rows does not read {_tname(t)} sources", a=a, rows=rows)
+        fail("get_rows", f"ggml-cpu get_rows does not read {traits(t).name} sources", a=a, rows=rows)
     if rows.dtype != np.int32:
         fail("get_rows", f"indices must be i32, got {rows.dtype}", a=a, rows=rows)
     if not isinstance(a, QTensor) and a.ndim and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
@@ -211,7 +195,7 @@ def get_rows_back(a: np.ndarray, b: np.ndarray, c) -> np.ndarray:
         fail("get_rows_back", f"ggml-cpu get_rows_back reads f32 or f16, got {a.dtype}", a=a, b=b)
     if na[1] < nb[0]:
         fail("get_rows_back", "a must have a row per index (a.ne1 >= b.ne0)", a=a, b=b)
-    if not _rows_contiguous(a) or not _is_contiguous(b):
+    if not rows_packed(a) or not is_contiguous(b):
         fail("get_rows_back", "ggml-cpu needs a's rows contiguous and b contiguous", a=a, b=b)
     R = nc[1]
     if b.size and (b.min() < 0 or b.max() >= R):
@@ -259,7 +243,7 @@ def set_rows(a, b: np.ndarray, c: np.ndarray, out: np.ndarray | None = None):
     if c.dtype not in (np.int64, np.int32):
         fail("set_rows", f"indices must be i64 or i32, got {c.dtype}", a=a, c=c)
     if t not in CPU_FROM_FLOAT:
-        fail("set_rows", f"ggml-cpu has no from_float for {_tname(t)}", a=a)
+        fail("set_rows", f"ggml-cpu has no from_float for {traits(t).name}", a=a)
     if out is not None and not (isinstance(out, np.ndarray) and isinstance(a, np.ndarray)
                                 and out.shape == a.shape and out.dtype == a.dtype and out.flags.writeable):
         fail("set_rows", "out must be a writeable array of a's shape and dtype", a=a, out=out)
@@ -269,7 +253,7 @@ def set_rows(a, b: np.ndarray, c: np.ndarray, out: np.ndarray | None = None):
                 out[...] = a
             return out
         return a.copy() if not isinstance(a, QTensor) else QTensor(a.type, np.array(a.data), a.shape)
-    if not _rows_contiguous(a) or not _rows_contiguous(b):
+    if not rows_packed(a) or not rows_packed(b):
         fail("set_rows", "a and b need contiguous rows (nb0 == type size)", a=a, b=b)
     R = na[1]
     if c.size and (c.min() < 0 or c.max() >= R):
@@ -327,7 +311,7 @@ def _convert(name: str, a, t_dst: GGMLType, shape: tuple, dst=None):
     ggml_compute_forward_dup's rules, with its layout asserts."""
     t_src = _type(name, a)
     ts, td = traits(t_src), traits(t_dst)
-    dst_contig = dst is None or _is_contiguous(dst)
+    dst_contig = dst is None or is_contiguous(dst)
     if int(np.prod(shape, dtype=np.int64)) != (a.size if isinstance(a, QTensor) else np.asarray(a).size):
         fail(name, "a and the destination must have the same number of elements", a=a, dst=tuple(shape))
     if len(shape) > 4:
@@ -337,7 +321,7 @@ def _convert(name: str, a, t_dst: GGMLType, shape: tuple, dst=None):
              a=a, dst=tuple(shape))
     if t_src == t_dst:                                               # raw copy, block bytes included
         if isinstance(a, QTensor):
-            if ts.blck_size > 1 and not _is_contiguous(a) and ne4(shape) != ne4(a.shape) and dst_contig:
+            if ts.blck_size > 1 and not is_contiguous(a) and ne4(shape) != ne4(a.shape) and dst_contig:
                 fail(name, "ggml-cpu copies a non-contiguous block-type source into a reshaped contiguous "
                      "destination with the wrong row size (dup_bytes); make a contiguous first",
                      a=a, dst=tuple(shape))
@@ -349,7 +333,7 @@ def _convert(name: str, a, t_dst: GGMLType, shape: tuple, dst=None):
         if t_dst != GGMLType.F32 or t_src in _NO_TO_FLOAT:
             fail(name, f"ggml-cpu converts {ts.name} only to f32 (and itself)" if t_src not in _NO_TO_FLOAT
                  else f"{ts.name} has no to_float in ggml", a=a, dst=tuple(shape))
-        if not dst_contig and (not _rows_contiguous(dst) or shape[-1] % ts.blck_size):
+        if not dst_contig and (not rows_packed(dst) or shape[-1] % ts.blck_size):
             fail(name, f"ggml-cpu dequantizes {ts.name} into a non-contiguous destination only with contiguous "
                  "rows of whole blocks", a=a, dst=dst)
         return _to_f32(a).reshape(shape)
@@ -360,7 +344,7 @@ def _convert(name: str, a, t_dst: GGMLType, shape: tuple, dst=None):
     via_from_float = not (t_dst in _FLOATS or (t_src == GGMLType.F32 and t_dst == GGMLType.I32)
                           or t_src == GGMLType.I32)
     if via_from_float:                                   # dup_to_q: rows of a through the type's from_float
-        if not dst_contig or not _rows_contiguous(a):
+        if not dst_contig or not rows_packed(a):
             fail(name, f"ggml-cpu converts to {td.name} only from contiguous rows into a contiguous "
                  "destination", a=a, dst=tuple(shape))
         n00 = a.shape[-1] if a.ndim else 1
@@ -456,7 +440,7 @@ def reshape(a, shape):
     a = _arr(a)
     sh = shape_of("reshape", shape)
     n = a.size
-    if not _is_contiguous(a):
+    if not is_contiguous(a):
         fail("reshape", "a must be contiguous (ggml_reshape asserts it); use cont(a, shape)", a=a)
     if int(np.prod(sh, dtype=np.int64)) != n or len(sh) > 4:
         fail("reshape", "the new shape must have a's element count and at most 4 dims", a=a, shape=sh)
@@ -608,10 +592,10 @@ def repeat(a, b):
     sh = shape_of("repeat", b)
     na, nb = ne4(a.shape), ne4(sh)
     if t not in _REPEAT_TYPES:
-        fail("repeat", f"ggml-cpu repeat handles f32/i32/f16/bf16/i16, not {_tname(t)}", a=a)
+        fail("repeat", f"ggml-cpu repeat handles f32/i32/f16/bf16/i16, not {traits(t).name}", a=a)
     if any(x == 0 for x in na) or any(y % x for x, y in zip(na, nb)):
         fail("repeat", "every ne of b must be a multiple of a's", a=a, b=sh)
-    if not _rows_contiguous(a):
+    if not rows_packed(a):
         fail("repeat", "ggml-cpu repeat needs a's rows contiguous (nb0 == type size)", a=a)
     reps = [y // x for x, y in zip(na[::-1], nb[::-1])]
     out = np.tile(as4(_elems(a)), reps)
@@ -638,7 +622,7 @@ def repeat_back(a: np.ndarray, b) -> np.ndarray:
         fail("repeat_back", f"ggml-cpu repeat_back handles f32 only, got {a.dtype}", a=a)
     if any(x == 0 for x in nb) or any(y % x for x, y in zip(nb, na)):
         fail("repeat_back", "every ne of a must be a multiple of b's", a=a, b=sh)
-    if not _rows_contiguous(a):
+    if not rows_packed(a):
         fail("repeat_back", "ggml-cpu repeat_back needs a's rows contiguous (nb0 == 4)", a=a)
     r = [y // x for x, y in zip(nb, na)]                                     # repeats per ggml dim
     t = as4(a).reshape(r[3], nb[3], r[2], nb[2], r[1], nb[1], r[0], nb[0])
@@ -730,9 +714,9 @@ def acc(a: np.ndarray, b: np.ndarray, nb1=None, nb2=None, nb3=None, offset: int 
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype != np.float32 or b.dtype != np.float32:
         fail("acc", "a and b must be f32", a=a, b=b)
-    if not _is_contiguous(a) or b.size > a.size:
+    if not is_contiguous(a) or b.size > a.size:
         fail("acc", "a must be contiguous with at least as many elements as b", a=a, b=b)
-    if not _rows_contiguous(b):
+    if not rows_packed(b):
         fail("acc", "ggml-cpu acc needs b's rows contiguous (nb0 == 4)", a=a, b=b)
     idx, last = _view_index("acc", a, b, nb1, nb2, nb3, offset, strict_end=True)
     flat = a.reshape(-1)
@@ -761,9 +745,9 @@ def set(a: np.ndarray, b: np.ndarray, nb1=None, nb2=None, nb3=None, offset: int 
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype not in (np.float32, np.int32) or b.dtype != a.dtype:
         fail("set", "a must be f32 or i32 and b of the same type", a=a, b=b)
-    if not _is_contiguous(a) or b.size > a.size:
+    if not is_contiguous(a) or b.size > a.size:
         fail("set", "a must be contiguous with at least as many elements as b", a=a, b=b)
-    if not _rows_contiguous(b):
+    if not rows_packed(b):
         fail("set", "ggml-cpu set needs b's rows contiguous (nb0 == element size)", a=a, b=b)
     if int(offset) >= 2**30:
         fail("set", "offset must be < 2**30 (ggml asserts it)", a=a, b=b)
@@ -850,7 +834,7 @@ def pad_reflect_1d(a: np.ndarray, p0: int, p1: int) -> np.ndarray:
     0 <= p0, p1 < n0 (ggml asserts it).
     """
     a = np.asarray(a)
-    if a.dtype != np.float32 or not _is_contiguous(a):
+    if a.dtype != np.float32 or not is_contiguous(a):
         fail("pad_reflect_1d", "a must be contiguous f32", a=a)
     n0 = a.shape[-1] if a.ndim else 1
     if not (0 <= p0 < n0 and 0 <= p1 < n0):
@@ -874,7 +858,7 @@ def roll(a: np.ndarray, shift0: int = 0, shift1: int = 0, shift2: int = 0, shift
     n = ne4(a.shape)
     if a.dtype != np.float32:
         fail("roll", f"ggml-cpu roll handles f32 only, got {a.dtype}", a=a)
-    if not _rows_contiguous(a):
+    if not rows_packed(a):
         fail("roll", "ggml_roll needs a's rows contiguous (nb0 == 4)", a=a)
     if any(abs(s[d]) >= n[d] for d in range(4)):
         fail("roll", f"need |shift_d| < ne_d, got shifts {s}", a=a)
@@ -894,7 +878,7 @@ def diag(a: np.ndarray) -> np.ndarray:
     n = ne4(a.shape)
     if n[1] != 1:
         fail("diag", "a must be a row vector per matrix (ne1 == 1)", a=a)
-    if a.dtype != np.float32 or not _rows_contiguous(a):
+    if a.dtype != np.float32 or not rows_packed(a):
         fail("diag", "ggml-cpu diag handles f32 with contiguous rows", a=a)
     v = as4(a)[:, :, 0, :]                                                    # (n3, n2, n)
     out = np.zeros((n[3], n[2], n[0], n[0]), np.float32)
@@ -905,7 +889,7 @@ def diag(a: np.ndarray) -> np.ndarray:
 
 def _diag_mask(name: str, a: np.ndarray, n_past: int, value: float) -> np.ndarray:
     a = np.asarray(a)
-    if a.dtype != np.float32 or not _is_contiguous(a):
+    if a.dtype != np.float32 or not is_contiguous(a):
         fail(name, "a must be contiguous f32", a=a)
     if n_past < 0:
         fail(name, f"n_past must be >= 0, got {n_past}", a=a)
@@ -956,7 +940,7 @@ def win_part(a: np.ndarray, w: int) -> np.ndarray:
     n = ne4(a.shape)
     if a.dtype != np.float32 or n[3] != 1 or w <= 0:
         fail("win_part", f"a must be f32 with ne3 == 1 and w > 0 (w = {w})", a=a)
-    if not _is_contiguous(a):
+    if not is_contiguous(a):
         fail("win_part", "ggml-cpu reads a as contiguous: pass a contiguous array", a=a)
     C, W, H = n[0], n[1], n[2]
     npx, npy = -(-W // w), -(-H // w)
@@ -983,7 +967,7 @@ def win_unpart(a: np.ndarray, w0: int, h0: int, w: int) -> np.ndarray:
     npx, npy = -(-w0 // w), -(-h0 // w)
     if n[1] != w or n[2] != w or n[3] < npx * npy:
         fail("win_unpart", f"a must be ne [C, {w}, {w}, >= {npx * npy}] for w0={w0}, h0={h0}, w={w}", a=a)
-    if not _is_contiguous(a):
+    if not is_contiguous(a):
         fail("win_unpart", "ggml-cpu reads a as contiguous: pass a contiguous array", a=a)
     win = as4(a)[: npx * npy].reshape(npy, npx, w, w, n[0]).transpose(0, 2, 1, 3, 4)
     return np.ascontiguousarray(win.reshape(npy * w, npx * w, n[0])[:h0, :w0])
@@ -1007,7 +991,7 @@ def get_rel_pos(a: np.ndarray, qh: int, kh: int) -> np.ndarray:
         fail("get_rel_pos", f"need qh == kh and a.ne1 == 2*kh - 1 (qh={qh}, kh={kh})", a=a)
     if a.dtype != np.float16:
         fail("get_rel_pos", f"a must be f16, got {a.dtype}", a=a)
-    if not _is_contiguous(a):
+    if not is_contiguous(a):
         fail("get_rel_pos", "ggml-cpu reads a as contiguous: pass a contiguous array", a=a)
     k = kh
     pos = (k - 1 - np.arange(k))[None, :] + np.arange(k)[:, None]           # [i2, i1]
@@ -1036,7 +1020,7 @@ def add_rel_pos(a: np.ndarray, pw: np.ndarray, ph: np.ndarray) -> np.ndarray:
              a=a, pw=pw, ph=ph)
     if a.dtype != np.float32 or pw.dtype != np.float32 or ph.dtype != np.float32:
         fail("add_rel_pos", "a, pw and ph must be f32", a=a, pw=pw, ph=ph)
-    if not (_is_contiguous(a) and _is_contiguous(pw) and _is_contiguous(ph)):
+    if not (is_contiguous(a) and is_contiguous(pw) and is_contiguous(ph)):
         fail("add_rel_pos", "a, pw and ph must be contiguous (ggml asserts it)", a=a, pw=pw, ph=ph)
     W = nw[0]                                                     # K
     out = np.array(as4(a), order="C")

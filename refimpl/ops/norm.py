@@ -10,7 +10,7 @@ import numpy as np
 
 from ..dispatch import op
 from ..rounding import fma32
-from ..shapes import as4, fail
+from ..shapes import as4, check_layout, fail
 
 _F32 = np.dtype(np.float32)
 
@@ -25,13 +25,6 @@ def _f32_input(name: str, **arrays) -> list[np.ndarray]:
     return out
 
 
-def _rows_contiguous(name: str, **arrays) -> None:
-    """ggml's kernel asserts nb0 == sizeof(float): rows (the last NumPy axis) must be packed."""
-    for k, x in arrays.items():
-        if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
-            fail(name, f"rows of {k} must be contiguous (ggml asserts nb0 == 4)", **{k: x})
-
-
 def _eps_nonneg(name: str, eps: float, a) -> np.float32:
     if not eps >= 0.0:
         fail(name, f"eps must be >= 0, got {eps}", a=a)
@@ -43,7 +36,7 @@ def _check_rms_norm(a, eps) -> None:
             and eps >= 0.0:
         return                                           # the common case, in a few hundred ns
     (a,) = _f32_input("rms_norm", a=a)
-    _rows_contiguous("rms_norm", a=a)
+    check_layout("rms_norm", "rows", a=a)
     _eps_nonneg("rms_norm", eps, a)
 
 
@@ -110,7 +103,7 @@ def group_norm(a: np.ndarray, n_groups: int, eps: float) -> np.ndarray:
     squares / count, rounded to f32; scale = 1/sqrtf(var + eps).
     """
     (a,) = _f32_input("group_norm", a=a)
-    _rows_contiguous("group_norm", a=a)
+    check_layout("group_norm", "rows", a=a)
     if int(n_groups) < 1:
         fail("group_norm", f"n_groups must be >= 1, got {n_groups}", a=a)
     eps = np.float32(eps)
@@ -150,7 +143,7 @@ def rms_norm_back(a: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     a, b = _f32_input("rms_norm_back", a=a, b=b)
     if a.shape != b.shape:
         fail("rms_norm_back", "a (dy) and b (x) must have the same shape", a=a, b=b)
-    _rows_contiguous("rms_norm_back", a=a, b=b)
+    check_layout("rms_norm_back", "rows", a=a, b=b)
     n = a.shape[-1]
     eps = np.float32(eps)
     sum_xx = np.sum(np.square(b), axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import op
-from ..rounding import fma32
+from ..rounding import expf_f32, fma32
 from ..shapes import fail, ne4, need_f32
 
 
@@ -60,13 +60,6 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray) -> np.ndarray:
     for k in range(d_conv):                                   # sequential f32 sum over k, as ggml
         out += x[:, :, k:k + n_t] * c[None, :, k:k + 1]
     return np.ascontiguousarray(out.transpose(0, 2, 1))
-
-
-def expf_f32(x) -> np.ndarray:
-    """C's expf: exp of f32 values, evaluated in f64 and rounded once (glibc's expf is correctly rounded
-    but for rare 1-ulp cases; NumPy's float32 exp is a different approximation)."""
-    with np.errstate(over="ignore"):
-        return np.exp(np.asarray(x, np.float64)).astype(np.float32)
 
 
 def softplus_f32(x: np.ndarray) -> np.ndarray:

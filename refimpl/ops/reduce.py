@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import op
-from ..shapes import fail, ne4, nonempty
-from .elementwise import check_layout, load_f32, store_as, type_name
+from ..shapes import check_layout, fail, ne4, nonempty
+from ..types import type_name
+from .elementwise import load_f32, store_as
 
 
 def _seq_sum(x: np.ndarray, dtype) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import op
+from ..rounding import libm_f32
 from ..shapes import fail, ne4
 
 # enum values of ggml's rope modes (include/ggml.h GGML_ROPE_TYPE_*)
@@ -17,13 +18,6 @@ ROPE_TYPE_IMROPE = 40    # MROPE with the sections interleaved (Qwen3-VL)
 MODES = (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX, ROPE_TYPE_MROPE, ROPE_TYPE_VISION, ROPE_TYPE_IMROPE)
 
 F32 = np.float32
-
-
-def libm_f32(fn, x):
-    """A single-precision libm function (logf, cosf, sinf, powf ...) as a correctly rounded one: the f64
-    function of the f32 argument, rounded once to f32."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return fn(np.asarray(x, np.float64)).astype(F32)
 
 
 def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float):

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from .. import ops
+from ..ops.rope import ROPE_TYPE_MROPE, ROPE_TYPE_VISION
 
 # enum ggml_op, ggml 0.25.3 (GGML_OP_COUNT == 101)
 OP_NAMES = (
@@ -368,8 +369,6 @@ def _soft_max_back(node, s, p):
     return ops.soft_max_ext_back(s[0], s[1], p.f(0), p.f(1))
 
 
-ROPE_TYPE_MROPE = 8
-ROPE_TYPE_VISION = 24
 
 
 def _rope_args(p):

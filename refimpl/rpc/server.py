@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
-from ..dispatch import NUMERICS, forward_scope
+from ..backends import forward_scope
+from ..dispatch import NUMERICS
 from ..qtensor import QTensor, quantize
 from ..types import NUMPY_DTYPES, GGMLType, type_traits
 from . import ggml_ops

@@ -213,7 +213,7 @@ def test_loader_maps_every_weight_as_written(case):
     assert (hp.n_embd, hp.n_ff, hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_vocab, hp.n_ctx_train) == tuple(
         cfg[k] for k in llama2c.CONFIG_FIELDS)
     assert (hp.head_dim, hp.n_rot, hp.rms_eps, hp.rope_base, hp.rope_mode) == (
-        cfg["dim"] // cfg["n_heads"], cfg["dim"] // cfg["n_heads"], 1e-5, 10000.0, llama.ROPE_NORMAL)
+        cfg["dim"] // cfg["n_heads"], cfg["dim"] // cfg["n_heads"], 1e-5, 10000.0, llama.ROPE_TYPE_NORMAL)
     eq = np.testing.assert_array_equal
     eq(m.token_embd, w["token_embedding_table"])
     eq(m.output_norm, w["rms_final_weight"])

@@ -86,13 +86,14 @@ def test_ggml_mode_spans_llama_cpp_kv_cells(tiny):
     hp = model.hparams
     with refimpl.numerics("ggml"):
         c = llama.new_cache(model, 8)
-        assert c.k.dtype == np.float16 and llama.n_kv_cells(5) == 256 and llama.n_kv_cells(257) == 512
+        assert c.k.dtype == np.float16 and c.span(5) == 256 and c.span(257) == 512
         got = {}
         llama.forward(model, tokens[:5], c, capture=got)
     assert got["kq-0"].shape == (hp.n_head, 5, 256)
     assert np.all(got["kq_soft_max-0"][..., 5:] == 0)
     with refimpl.numerics("exact"):
-        assert llama.new_cache(model, 8).k.dtype == np.float32 and llama.n_kv_cells(5) == 5
+        c = llama.new_cache(model, 8)
+        assert c.k.dtype == np.float32 and c.span(5) == 5
         got = {}
         llama.forward(model, tokens[:5], llama.new_cache(model, 8), capture=got)
     assert got["kq-0"].shape == (hp.n_head, 5, 5)

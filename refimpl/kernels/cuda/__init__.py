@@ -53,6 +53,6 @@ def load() -> None:
             failed.append(f"{name}: {e}")
     if failed:
         raise ImportError("; ".join(failed))
-    from ...dispatch import register_state_copy
+    from ...backends import register_state_copy
     from .movement import state_copy
     register_state_copy("cuda", state_copy)

@@ -35,7 +35,7 @@ from numba import cuda
 
 from ...ops import matmul as ref_mm
 from ...dispatch import current_numerics, register
-from ...shapes import fail, ne4
+from ...shapes import fail, is_contiguous, ne4, rows_packed
 from ...qtensor import QTensor
 from ...types import GGMLType, traits
 from . import _device, quants
@@ -231,10 +231,6 @@ def _check_shapes(a, b) -> None:
         fail("mul_mat", "need a.ne0 == b.ne0 and b.ne2, b.ne3 multiples of a's", a=_desc(a), b=_desc(b))
 
 
-def _contiguous(x) -> bool:
-    return bool(x.is_c_contiguous()) if hasattr(x, "is_c_contiguous") else bool(x.flags["C_CONTIGUOUS"])
-
-
 def mul_mat_device(dw, b):
     """ggml_mul_mat(a, b) on the device: dw a DeviceWeight (`_device.weight`) or an f32 C-contiguous device
     array (activations), b an f32 C-contiguous device array; shapes as refimpl.ops.matmul.mul_mat. Returns
@@ -272,7 +268,7 @@ def _operands(a, b):
     if isinstance(b, QTensor):
         return None                                 # b in the weight's vec_dot type: the reference
     if _device.is_device(a):
-        if np.dtype(a.dtype) != np.float32 or not _contiguous(a) or not 1 <= len(a.shape) <= 4:
+        if np.dtype(a.dtype) != np.float32 or not is_contiguous(a) or not 1 <= len(a.shape) <= 4:
             return None
     else:
         a = a if isinstance(a, QTensor) else np.asarray(a)
@@ -280,11 +276,11 @@ def _operands(a, b):
             return None
         ref_mm.check_weights("mul_mat", a)
     if _device.is_device(b):
-        if np.dtype(b.dtype) != np.float32 or not _contiguous(b) or not 1 <= len(b.shape) <= 4:
+        if np.dtype(b.dtype) != np.float32 or not is_contiguous(b) or not 1 <= len(b.shape) <= 4:
             return None
     else:
         b = np.asarray(b)
-        if b.dtype != np.float32 or not 1 <= b.ndim <= 4 or not ref_mm.rows_packed(b):
+        if b.dtype != np.float32 or not 1 <= b.ndim <= 4 or not rows_packed(b):
             return None
     _check_shapes(a, b)
     return (a if _device.is_device(a) else _device.weight(a)), _device.to_device(b)

@@ -28,7 +28,7 @@ copies, uploaded): `concat`, `cont`, `dup`, `permute` (the permuted values, cont
 `repeat` (size-1 axes stretched), `set_rows` (in place into a device destination, as ggml writes its KV
 cache). All copy values unchanged or round once as the reference, so they equal it bit for bit (tolerance
 table: ("concat", "*", "ggml") and ("cont", "*", "ggml") are exact). `state_copy` is the backend's
-refimpl.dispatch.state_copy: a writable device copy (never the upload-once cache's).
+refimpl.backends.state_copy: a writable device copy (never the upload-once cache's).
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from numba import cuda
 
 from ...ops import rope as ref_rope
 from ...dispatch import register
+from ...rounding import libm_f32
 from ...shapes import ne4
 from . import _device
 from .unary import dcos, dsin, fallback, f32_operand, fmul, fsub
@@ -108,11 +109,11 @@ def _covered(x, pos, freq_factors, n_dims, mode) -> bool:
 
 def _scalars(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
     """theta_scale, YaRN's corr dims (lo, hi) and mscale, by the reference's own expressions (f32)."""
-    theta_scale = F32(ref_rope.libm_f32(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
+    theta_scale = F32(libm_f32(lambda b: np.power(b, np.float64(F32(-2.0) / F32(n_dims))), F32(freq_base)))
     lo, hi = ref_rope.yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     mscale = F32(attn_factor)
     if F32(ext_factor) != 0:
-        log_inv = ref_rope.libm_f32(np.log, F32(1.0) / F32(freq_scale))
+        log_inv = libm_f32(np.log, F32(1.0) / F32(freq_scale))
         inner = np.float64(1.0) + np.float64(F32(0.1)) * np.float64(log_inv)
         mscale = F32(mscale * F32(inner))
     return theta_scale, F32(lo), F32(hi), mscale

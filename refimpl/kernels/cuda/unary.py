@@ -31,7 +31,8 @@ import numpy as np
 from numba import config, cuda
 
 from ...ops import elementwise as ref_ew
-from ...dispatch import host_args, register
+from ...dispatch import register
+from ...residency import host_args
 from ...rounding import fma32
 from ...shapes import ne4
 from ...rounding import f16_to_f32

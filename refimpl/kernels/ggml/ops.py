@@ -27,10 +27,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...dispatch import register
-from ...ops.elementwise import cap_clamp, map_glu, map_unary, type_name
+from ...ops.elementwise import cap_clamp, map_glu, map_unary
+from ...types import type_name
 from ...ops.rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
 from ...shapes import ne4, tile_to
-from .simd import chunk_split, libm, vexp, vsilu
+from .simd import c_libm, chunk_split, vexp, vsilu
 from .vecdot import fma32, hsum_a, hsum_b
 
 f32, f64 = np.float32, np.float64
@@ -107,12 +108,12 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
         return np.ones(n_head, f32)
     n_log2 = f32(1 << int(np.floor(np.log2(n_head))))
     mb = f32(max_bias)
-    m0 = libm("powf", f32(2), -mb / n_log2)
-    m1 = libm("powf", f32(2), -(mb / f32(2)) / n_log2)
+    m0 = c_libm("powf", f32(2), -mb / n_log2)
+    m1 = c_libm("powf", f32(2), -(mb / f32(2)) / n_log2)
     h = np.arange(n_head)
     base = np.where(h < n_log2, m0, m1).astype(f32)
     expo = np.where(h < n_log2, h + 1, 2 * (h - int(n_log2)) + 1).astype(f32)
-    return libm("powf", base, expo)
+    return c_libm("powf", base, expo)
 
 
 def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, sinks=None):
@@ -144,10 +145,10 @@ def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, sinks=None):
             M = np.where(M > sk, M, sk)                                      # MAX(max, sk)
         d = w - M
         nf = chunk_split(na[0])
-        e = np.concatenate([vexp(d[..., :nf]), libm("expf", d[..., nf:])], axis=-1)
+        e = np.concatenate([vexp(d[..., :nf]), c_libm("expf", d[..., nf:])], axis=-1)
         total = _chunked_sum(e)
         if sinks is not None:
-            total = total + libm("expf", sk - M).astype(f64)
+            total = total + c_libm("expf", sk - M).astype(f64)
         with np.errstate(divide="ignore"):
             inv = (1.0 / total).astype(f32)
         return (e * inv).reshape(a.shape)
@@ -157,7 +158,7 @@ def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, sinks=None):
 
 def _silu_scalar(x):
     """ggml_silu_f32: x/(1.0f + expf(-x)) with the C library's expf."""
-    return x / (f32(1) + libm("expf", -x))
+    return x / (f32(1) + c_libm("expf", -x))
 
 
 def _silu_rows(x: np.ndarray) -> np.ndarray:
@@ -185,7 +186,7 @@ def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: 
     clamped halves, f32 steps, expf the C library's (a scalar loop: no SIMD form)."""
     def act(x, g, t):
         xc, gc = cap_clamp(x, g, limit)
-        return xc / (f32(1) + libm("expf", f32(alpha) * -xc)) * (gc + f32(1))
+        return xc / (f32(1) + c_libm("expf", f32(alpha) * -xc)) * (gc + f32(1))
     return map_glu("swiglu_oai", a, b, swapped, act, ("f32",))
 
 
@@ -193,17 +194,17 @@ def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: 
 
 def tanh(a):
     """ggml_tanh (op_tanh in unary-ops.cpp): the C library's tanhf per element; f16/bf16 through f32."""
-    return map_unary("tanh", a, lambda x: libm("tanhf", x))
+    return map_unary("tanh", a, lambda x: c_libm("tanhf", x))
 
 
 def exp(a):
     """ggml_exp (op_exp): the C library's expf per element; f16/bf16 through f32."""
-    return map_unary("exp", a, lambda x: libm("expf", x))
+    return map_unary("exp", a, lambda x: c_libm("expf", x))
 
 
 def sigmoid(a):
     """ggml_sigmoid (op_sigmoid): 1.f / (1.f + expf(-x)) in f32 steps, expf the C library's."""
-    return map_unary("sigmoid", a, lambda x: f32(1) / (f32(1) + libm("expf", -x)))
+    return map_unary("sigmoid", a, lambda x: f32(1) / (f32(1) + c_libm("expf", -x)))
 
 
 # -- rwkv_wkv7 -------------------------------------------------------------------------------------------
@@ -260,7 +261,7 @@ def _yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     """ggml_rope_yarn_corr_dims with the C library's logf (floorf/ceilf/fmaxf/fminf are exact)."""
     def corr(n_rot):
         arg = f32(n_ctx_orig) / (f32(n_rot) * f32(2) * f32(np.pi))
-        return f32(n_dims) * libm("logf", arg) / (f32(2) * libm("logf", f32(freq_base)))
+        return f32(n_dims) * c_libm("logf", arg) / (f32(2) * c_libm("logf", f32(freq_base)))
     with np.errstate(divide="ignore", invalid="ignore"):
         start, end = np.floor(corr(beta_fast)), np.ceil(corr(beta_slow))
     lo = f32(0) if f32(0) > start else start
@@ -273,12 +274,12 @@ def rope_cache(pos, freq_factors, n_dims, ne0, freq_base, freq_scale, ext_factor
     """ggml_rope_cache_init for every token: (cos, sin) f32 (n_tokens, ne0/2), as refimpl.ops.rope.rope_cache
     but with the C library's powf, logf, cosf, sinf and ggml's contracted FMAs (YaRN's theta mix, mscale)."""
     half = ne0 // 2
-    theta_scale = libm("powf", f32(freq_base), f32(-2.0) / f32(n_dims))
+    theta_scale = c_libm("powf", f32(freq_base), f32(-2.0) / f32(n_dims))
     lo, hi = _yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     fs, ext = f32(freq_scale), f32(ext_factor)
     mscale = f32(attn_factor)
     if ext != 0:
-        mscale = f32(mscale * fma32(f32(0.1), libm("logf", f32(1) / fs), f32(1)))
+        mscale = f32(mscale * fma32(f32(0.1), c_libm("logf", f32(1) / fs), f32(1)))
     ff = None if freq_factors is None else np.asarray(freq_factors, f32).reshape(-1)
     theta = np.asarray(pos).astype(f32)
     thetas = np.empty((theta.shape[0], half), f32)
@@ -299,7 +300,7 @@ def rope_cache(pos, freq_factors, n_dims, ne0, freq_base, freq_scale, ext_factor
             ramp = f32(1) - np.where(f32(1) < y, f32(1), y)
             mix = (ramp * ext).astype(f32)
             th = fma32(t_i, f32(1) - mix, thetas * mix)
-    return libm("cosf", th) * mscale, libm("sinf", th) * mscale
+    return c_libm("cosf", th) * mscale, c_libm("sinf", th) * mscale
 
 
 def rope_ext(x, pos, freq_factors=None, *, n_dims, mode=0, n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0,

@@ -2,7 +2,7 @@
 
     vexp(x)          ggml_v_expf for __m256 (src/ggml-cpu/vec.h), one lane per element of x
     vsilu(x)         ggml_v_silu: x / (1 + vexp(0 - x))
-    libm(name, *x)   the process's single-precision libm function (expf, logf, cosf, sinf, tanhf, powf), the same
+    c_libm(name, *x)   the process's single-precision libm function (expf, logf, cosf, sinf, tanhf, powf), the same
                      code ggml-cpu calls for scalar tails and caches; elementwise over arrays
     chunk_split(n)   where a row of n elements switches from 8-lane chunks to the scalar tail
 
@@ -91,7 +91,7 @@ def _libm_fn(name: str, nargs: int):
     return _FNS[name]
 
 
-def libm(name: str, *args) -> np.ndarray:
+def c_libm(name: str, *args) -> np.ndarray:
     """The C library's single-precision `name` (expf, logf, cosf, sinf, tanhf; powf with two arguments) of f32
     arrays (broadcast), called once per distinct argument tuple. glibc's versions are not always correctly
     rounded, so only the library itself reproduces ggml's tails bit for bit. Without a loadable C library it

@@ -42,7 +42,7 @@ import importlib
 
 import numpy as np
 
-from ...dispatch import forward_scope
+from ...backends import forward_scope
 from ...errors import LoadError, RWKVError, not_this_format
 from ...ops import mul_mat
 from ..common import capture_fn, to_host

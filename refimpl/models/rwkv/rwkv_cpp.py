@@ -92,7 +92,7 @@ def read(path) -> tuple[dict, dict]:
     if version not in FILE_VERSIONS:
         raise RWKVError(f"{path}: rwkv.cpp file version {version}; refimpl (as rwkv.cpp) reads 100 and 101", path)
     head = dict(version=version, n_vocab=n_vocab, n_embed=n_embed, n_layer=n_layer,
-                data_type=_type_name(dtype, path, "the header"))
+                data_type=_rwkv_type_name(dtype, path, "the header"))
     tensors: dict = {}
     off = 24
     while off < size:
@@ -115,8 +115,9 @@ def read(path) -> tuple[dict, dict]:
         off += key_len
         t = TYPES.get(ttype)
         if t is None:
-            raise RWKVError(f"{path}: tensor {name!r} has data type {_type_name(ttype, path, name)}, which rwkv.cpp "
-                            "no longer reads (requantize the model)", path)
+            tn = _rwkv_type_name(ttype, path, name)
+            raise RWKVError(f"{path}: tensor {name!r} has data type {tn}, which rwkv.cpp no longer reads "
+                            "(requantize the model)", path)
         tr = traits(t)
         shape = tuple(int(n) for n in reversed(ne))           # NumPy order
         if ne[0] == 0 or ne[0] % tr.blck_size:
@@ -143,7 +144,7 @@ def read(path) -> tuple[dict, dict]:
     return head, tensors
 
 
-def _type_name(code: int, path, what: str) -> str:
+def _rwkv_type_name(code: int, path, what: str) -> str:
     if code >= len(TYPE_NAMES):
         raise RWKVError(f"{path}: {what} has data type {code}, outside rwkv.cpp's 0..{len(TYPE_NAMES) - 1}", path)
     return TYPE_NAMES[code]

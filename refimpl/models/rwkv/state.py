@@ -13,7 +13,7 @@ Per layer (numpy shapes; ggml lists them reversed):
 
 All float32. A fresh state is zeros, except v4's pp which starts at -1e38 (minus "infinity").
 
-`copy()` makes the copy a forward pass writes, in the active backend's memory (refimpl.dispatch.state_copy):
+`copy()` makes the copy a forward pass writes, in the active backend's memory (refimpl.backends.state_copy):
 under the CUDA backend its arrays are device arrays, so a decode loop never moves it; `to_host()` gives the
 NumPy state back (`save` and `==` do that themselves).
 """
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...dispatch import state_copy, to_host
+from ...backends import state_copy
+from ...residency import to_host
 
 
 @dataclass
