@@ -75,7 +75,18 @@ if [ -n "$libllama" ]; then
   cmake -S "$root/src" -B "$root/build-shared" ${flags/-DBUILD_SHARED_LIBS=OFF/-DBUILD_SHARED_LIBS=ON} \
     >"$root/configure-shared.log" 2>&1 \
     || { echo "build_llamacpp.sh: configuring failed: see $root/configure-shared.log" >&2; exit 1; }
-  cmake --build "$root/build-shared" -j "$(nproc)" --target llama >"$root/build-shared.log" 2>&1 \
+  if [ "$profile" = vulkan ]; then
+    # the shaders (tens of minutes of glslc) are the static build's: the generator is built, then its outputs
+    # are copied with their depfiles and made newer than it, so that make takes them as up to date
+    vk_old="$root/build/ggml/src/ggml-vulkan" vk_new="$root/build-shared/ggml/src/ggml-vulkan"
+    cmake --build "$root/build-shared" -j "$(nproc)" --target vulkan-shaders-gen >"$root/build-shared.log" 2>&1 \
+      || { echo "build_llamacpp.sh: building vulkan-shaders-gen failed: see $root/build-shared.log" >&2; exit 1; }
+    cp -a "$vk_old"/*.comp.cpp "$vk_old"/*.comp.cpp.d "$vk_old/ggml-vulkan-shaders.hpp" "$vk_old/vulkan-shaders.spv" \
+      "$vk_new/"
+    sed -i "s#$root/build/#$root/build-shared/#g" "$vk_new"/*.comp.cpp.d
+    touch "$vk_new"/vulkan-shaders.spv/* "$vk_new/ggml-vulkan-shaders.hpp" "$vk_new"/*.comp.cpp
+  fi
+  cmake --build "$root/build-shared" -j "$(nproc)" --target llama >>"$root/build-shared.log" 2>&1 \
     || { tail -30 "$root/build-shared.log" >&2; echo "build_llamacpp.sh: building failed: see $root/build-shared.log" >&2; exit 1; }
   touch "$marker"
   echo "$bin"

@@ -49,6 +49,21 @@ def test_a_case_ggml_cpu_cannot_run_is_judged_on_the_backend_alone():
     assert v == "backend wrong" and "cannot run" in why
 
 
+def test_a_case_the_backend_cannot_run_is_judged_on_ggml_cpu_alone():
+    """The second pass of a run (`cpu_alone`): test-backend-ops on CPU over the cases the backend refused; its
+    reference-mode error is ggml-cpu's, and the backend has none."""
+    from refimpl.conformance import _cpu_alone
+    sum_case = raw(op="SUM", e_b=0.3, e_c=0.25, e_bc=0.0, budget=B / 2, budget_cpu=B)   # as -b CPU writes it
+    rec = judge(_cpu_alone(sum_case, "Vulkan0"))
+    assert rec["verdict"] == "ggml-cpu wrong" and "cannot run" in rec["reason"]
+    assert rec["backend"] == "Vulkan0" and rec["backend_supported"] is False and rec["err_backend"] is None
+    assert rec["err_cpu"] == 0.25 and rec["budget"] == B and rec["worst"]["backend"] is None
+    assert judge(_cpu_alone(raw(e_b=5 * B, e_c=B / 2), "Vulkan0"))["verdict"] == "agree"
+    s = verdicts.summarize([rec, judge(raw())])
+    assert s["cpu_alone"] == 1 and s["cpu_alone_wrong"] == 1
+    assert per_op([rec])["SUM"]["unsupported"] == 1
+
+
 def test_undecided_where_refimpl_numerics_disagree_with_each_other():
     v, why = verdict(raw(e_b=2 * B, e_r2=10 * B))
     assert v == "undecided" and "ggml numerics" in why

@@ -139,8 +139,74 @@ def _unknown_ops(names: list[str]) -> ConformanceError:
                             f"ggml's names as test-backend-ops prints them: ADD, MUL_MAT, FLASH_ATTN_EXT, ...)")
 
 
+def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: dict, out: Path, tag: str,
+          progress, t0) -> tuple[list[dict], list[dict], list[str], list | None]:
+    """One test-backend-ops run under the judge on `device`, going on after a crash: (the patch's lines, parsed;
+    a record per crash; the cases the device cannot run; test-backend-ops' listing of the selection where a
+    crash made it read it)."""
+    raw_path = out / f"raw{tag}.jsonl"
+    raw_path.unlink(missing_ok=True)
+    env = {**env, "GGML_JUDGE_OUT": str(raw_path)}
+    log_path = out / f"test-backend-ops{tag}.log"
+    log_path.write_text("")
+    crashes, selection, listing = [], ops, None
+    while True:
+        cmd = [str(bindir / "test-backend-ops"), "test", "-b", device]
+        cmd += ["-o", selection] if selection else []
+        cmd += ["-p", params] if params else []
+        with open(log_path, "a") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            _follow(proc, raw_path, progress, t0)
+        if proc.returncode in (0, 1):           # 1: some case failed, which the verdicts say
+            break
+        # it died on a case: the backend's crash is that case's verdict, and the run goes on after it
+        if listing is None:
+            listing = _case_list(bindir, device, ops, params, env)
+        judged = collections.Counter(json.loads(ln)["case"] for ln in raw_path.read_text().splitlines()) \
+            if raw_path.exists() else collections.Counter()
+        for c in crashes:
+            judged[c["case"]] += 1
+        todo = []
+        for c, ok in listing:
+            if not ok:
+                continue
+            if judged[c] > 0:
+                judged[c] -= 1
+            else:
+                todo.append(c)
+        # composite and fused tests are absent from `support`'s listing: an explicit case list brings them back
+        listed = {c for c, _ in listing}
+        extra = [c for c in (ops or "").split("),") if "(" in c]
+        extra = [c if c.endswith(")") else c + ")" for c in extra]
+        todo += [c for c in extra if c not in listed and judged[c] <= 0 and c not in todo]
+        if not todo:
+            break
+        crashes.append(_crash_record(todo[0], device, proc.returncode))
+        progress(f"conformance: test-backend-ops died (exit status {proc.returncode}) on {todo[0]}; "
+                 f"going on with the {len(todo) - 1} cases after it")
+        if len(todo) == 1:
+            break
+        selection = ",".join(todo[1:])
+    raws = [json.loads(ln) for ln in raw_path.read_text().splitlines()] if raw_path.exists() else []
+    unsupported = set(re.findall(r"^  (\S+\(.*\)): not supported \[", log_path.read_text(), re.M))
+    # after a crash, the cases past it that the backend cannot run were never printed: the listing says
+    done = {r["case"] for r in raws} | {c["case"] for c in crashes}
+    unsupported = sorted(unsupported | {c for c, ok in listing or () if not ok and c not in done})
+    return raws, crashes, unsupported, listing
+
+
+def _cpu_alone(raw_rec: dict, device: str) -> dict:
+    """A record of the ggml-cpu pass as one of `device`'s: the backend cannot run the case (no error of its own),
+    ggml-cpu's is that of its reference mode."""
+    r = dict(raw_rec, backend=device, backend_supported=False, err_backend=None, err_backend_cpu=None,
+             budget=raw_rec.get("budget_cpu", raw_rec["budget"]))
+    if r.get("worst"):
+        r["worst"] = dict(r["worst"], backend=None)
+    return r
+
+
 def run(backend: str, ops: str | None = None, params: str | None = None, out: str | os.PathLike | None = None,
-        *, cases_file: str | os.PathLike | None = None, second_reference: bool = True,
+        *, cases_file: str | os.PathLike | None = None, second_reference: bool = True, cpu_alone: bool = True,
         progress=print) -> dict:
     """Judge `backend` (a name of BACKENDS) on test-backend-ops' cases (`ops`: its -o, `params`: its -p, or
     `cases_file`: one full case string per line); write DIR/raw.jsonl (the patch's lines), DIR/cases.jsonl (the
@@ -178,61 +244,20 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     try:
         if second_reference:
             servers.append(_Server("ggml", out / "serve-ggml.log"))
-        env.update(GGML_RPC_SERVERS=",".join(s.endpoint for s in servers), GGML_JUDGE_REF="RPC0",
-                   GGML_JUDGE_OUT=str(out / "raw.jsonl"))
+        env.update(GGML_RPC_SERVERS=",".join(s.endpoint for s in servers), GGML_JUDGE_REF="RPC0")
         if second_reference:
             env["GGML_JUDGE_REF2"] = "RPC1"
-        raw_path = out / "raw.jsonl"
-        raw_path.unlink(missing_ok=True)
         progress(f"conformance: {be.device} against refimpl (exact, {servers[0].endpoint}) and ggml-cpu"
                  + (f"; refimpl ggml numerics ({servers[1].endpoint}) where they disagree" if second_reference
                     else ""))
-        log_path = out / "test-backend-ops.log"
-        log_path.write_text("")
-        crashes, selection, listing = [], ops, None
-        while True:
-            cmd = [str(bindir / "test-backend-ops"), "test", "-b", be.device]
-            cmd += ["-o", selection] if selection else []
-            cmd += ["-p", params] if params else []
-            with open(log_path, "a") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-                _follow(proc, raw_path, progress, t0)
-            if proc.returncode in (0, 1):           # 1: some case failed, which the verdicts say
-                break
-            # it died on a case: the backend's crash is that case's verdict, and the run goes on after it
-            if listing is None:
-                listing = _case_list(bindir, be.device, ops, params, env)
-            judged = collections.Counter(json.loads(ln)["case"] for ln in raw_path.read_text().splitlines()) \
-                if raw_path.exists() else collections.Counter()
-            for c in crashes:
-                judged[c["case"]] += 1
-            todo = []
-            for c, ok in listing:
-                if not ok:
-                    continue
-                if judged[c] > 0:
-                    judged[c] -= 1
-                else:
-                    todo.append(c)
-            # composite and fused tests are absent from `support`'s listing: an explicit case list brings them back
-            listed = {c for c, _ in listing}
-            extra = [c for c in (ops or "").split("),") if "(" in c]
-            extra = [c if c.endswith(")") else c + ")" for c in extra]
-            todo += [c for c in extra if c not in listed and judged[c] <= 0 and c not in todo]
-            if not todo:
-                break
-            crashes.append(_crash_record(todo[0], be.device, proc.returncode))
-            progress(f"conformance: test-backend-ops died (exit status {proc.returncode}) on {todo[0]}; "
-                     f"going on with the {len(todo) - 1} cases after it")
-            if len(todo) == 1:
-                break
-            selection = ",".join(todo[1:])
-        records = [judge(json.loads(ln)) for ln in raw_path.read_text().splitlines()] if raw_path.exists() else []
-        records += crashes
-        unsupported = set(re.findall(r"^  (\S+\(.*\)): not supported \[", log_path.read_text(), re.M))
-        # after a crash, the cases past it that the backend cannot run were never printed: the listing says
-        done = {r["case"] for r in records}
-        unsupported = sorted(unsupported | {c for c, ok in listing or () if not ok and c not in done})
+        raws, crashes, unsupported, _ = _pass(bindir, be.device, ops, params, env, out, "", progress, t0)
+        records = [judge(r) for r in raws] + crashes
+        if cpu_alone and be.device != "CPU" and unsupported:
+            # what the backend cannot run, ggml-cpu (its reference mode, as test-backend-ops uses it) judged alone
+            progress(f"conformance: the {len(unsupported)} cases {be.device} cannot run, on ggml-cpu alone")
+            raws, crashes, unsupported, _ = _pass(bindir, "CPU", ",".join(unsupported), None, env, out,
+                                                  "-cpu-alone", progress, t0)
+            records += [judge(_cpu_alone(r, be.device)) for r in raws] + crashes
     finally:
         for s in servers:
             s.stop()
@@ -311,9 +336,11 @@ def _follow(proc: subprocess.Popen, raw_path: Path, progress, t0: float, every: 
 def summary_line(backend: str, s: dict) -> str:
     v = s["verdicts"]
     parts = [f"{v[k]} {k}" for k in VERDICTS if v[k] or k == "agree"]
+    alone = s.get("cpu_alone", 0)
     return (f"{backend}: {s['cases']} cases, {', '.join(parts)}; {s['first_time']} checked for the first time "
-            f"(ggml-cpu cannot run them); {s.get('unsupported', 0)} the backend cannot run; {s['seconds']:.0f} s; "
-            f"{s['out']}/report.md")
+            f"(ggml-cpu cannot run them); {s.get('unsupported', 0) + alone} the backend cannot run"
+            + (f" ({alone} of them judged on ggml-cpu alone, {s.get('cpu_alone_wrong', 0)} not agreeing)" if alone
+               else "") + f"; {s['seconds']:.0f} s; {s['out']}/report.md")
 
 
 # --------------------------------------------------------------------------------------------- command line
@@ -333,6 +360,8 @@ def add_parser(sub) -> None:
                    "every op, the ones CI judges)")
     s.add_argument("--out", metavar="DIR", help="where cases.jsonl and report.md go (default "
                    "./conformance-BACKEND-DATE)")
+    s.add_argument("--no-cpu-alone", action="store_true", help="skip the second pass, which judges ggml-cpu alone "
+                   "on the cases the backend cannot run (test-backend-ops skips them)")
     s.add_argument("--no-second-reference", action="store_true", help="skip refimpl's ggml numerics (the "
                    "'undecided' check where the sides disagree)")
     s.add_argument("--model", metavar="GGUF", help="judge a whole model instead of test-backend-ops' cases: "
@@ -353,7 +382,8 @@ def cli(args) -> int:
         raise ConformanceError("--cases, --subset and -o/--ops each select cases: give one")
     cases = SUBSETS[args.subset] if args.subset else args.cases
     s = run(args.backend, args.ops, args.params, args.out, cases_file=cases,
-            second_reference=not args.no_second_reference, progress=lambda m: print(m, file=sys.stderr))
+            second_reference=not args.no_second_reference, cpu_alone=not args.no_cpu_alone,
+            progress=lambda m: print(m, file=sys.stderr))
     print(summary_line(args.backend, s))
     return 0
 
@@ -370,7 +400,9 @@ def _cli_model(args) -> int:
                                "ggml-cpu, -b cpu)")
     from .model import judge_model
     out = Path(args.out) if args.out else Path(f"conformance-{args.backend}-model")
-    r = judge_model(args.model, args.prompt, out=out, progress=lambda m: print(m, file=sys.stderr))
+    gpu = BACKENDS[args.backend].device.startswith("Vulkan")
+    r = judge_model(args.model, args.prompt, out=out, progress=lambda m: print(m, file=sys.stderr), offload=gpu,
+                    backend_env={"GGML_VK_VISIBLE_DEVICES": "0"} if gpu else None)
     kl = r["kl"]
     print(f"{args.model} on {args.backend}: {len(r['tokens'])} positions, KL(refimpl || backend) mean "
           f"{r['kl_mean']:.3g} max {r['kl_max']:.3g} nats, top-1 agreement {100 * r['top1_agree']:.0f}%")
@@ -382,5 +414,7 @@ def _cli_model(args) -> int:
             print(f"  {what}: {f['name']} ({f['op']}, ne {f['ne']}): NMSE {f['nmse']:.3g} > {f['budget']:.3g}; "
                   f"at [{f['index']}] backend {f['backend']:.9g}, refimpl {f['refimpl']:.9g}, refimpl ggml "
                   f"numerics {f['refimpl_ggml']:.9g}")
+    for line in r.get("placement", [])[:3]:
+        print(f"  llama.cpp: {line}")
     print(f"  per position KL: {' '.join(f'{x:.2g}' for x in kl)}; {out}/model.json")
     return 0

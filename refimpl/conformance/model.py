@@ -98,8 +98,10 @@ def _capture_child(job: dict) -> int:
             arrays[f"s{k}_{i}"] = b
 
     run = compare.run_llama_cpp(job["model"], job["tokens"], isolate=False, capture=False, node_hook=hook,
-                                n_threads=job.get("n_threads", 2))
-    np.savez(job["out"], __meta__=np.array(json.dumps({"nodes": nodes, "system_info": run.system_info})),
+                                n_threads=job.get("n_threads", 2), offload=job.get("offload", False))
+    placed = [ln.strip() for ln in run.log.splitlines() if "offloaded" in ln or "using device" in ln]
+    np.savez(job["out"], __meta__=np.array(json.dumps({"nodes": nodes, "system_info": run.system_info,
+                                                       "placement": placed})),
              __logits__=run.logits, **arrays)
     return 0
 
@@ -167,8 +169,12 @@ def _refimpl_node(client, node: dict, srcs: list, align: int = 64) -> bytes:
 
 
 def judge_model(model_path, prompt: str | None = None, *, tokens=None, n_threads: int = 2,
-                out: str | os.PathLike | None = None, progress=lambda m: None) -> dict:
-    """KL divergence per position and the first node over its op's budget (module docstring)."""
+                out: str | os.PathLike | None = None, progress=lambda m: None, offload: bool = False,
+                backend_env: dict | None = None) -> dict:
+    """KL divergence per position and the first node over its op's budget (module docstring). offload: the
+    backend is a GPU-type device of the build (ggml-vulkan): llama.cpp puts every layer on it; backend_env:
+    environment for the backend's run only (GGML_VK_VISIBLE_DEVICES=0 for lavapipe, which the refimpl run
+    must not see, or llama.cpp would split the layers between the two)."""
     from .. import compare
     from ..rpc import Client, Server
     model_path = str(model_path)
@@ -179,9 +185,10 @@ def judge_model(model_path, prompt: str | None = None, *, tokens=None, n_threads
     budgets = json.loads(BUDGETS.read_text()) if BUDGETS.exists() else {}
     with tempfile.TemporaryDirectory(prefix="refimpl-judge-model-") as tmp:
         progress(f"judge: llama.cpp on its backend, node by node ({len(tokens)} tokens)")
-        job = {"model": model_path, "tokens": tokens, "out": f"{tmp}/nodes.npz", "n_threads": n_threads}
+        job = {"model": model_path, "tokens": tokens, "out": f"{tmp}/nodes.npz", "n_threads": n_threads,
+               "offload": bool(offload)}
         p = subprocess.run([sys.executable, "-m", "refimpl.conformance.model", json.dumps(job)], capture_output=True,
-                           text=True)
+                           text=True, env={**os.environ, **(backend_env or {})})
         if p.returncode != 0:
             raise RuntimeError(f"llama.cpp's run on the backend failed:\n{p.stderr.strip()[-2000:]}")
         z = np.load(job["out"], allow_pickle=False)
@@ -230,6 +237,7 @@ def judge_model(model_path, prompt: str | None = None, *, tokens=None, n_threads
               "nodes": len(nodes), "judged": len(judged), "over": sum(r["nmse"] > r["budget"] for r in judged),
               "undecided": sum(r.get("verdict") == "undecided" for r in judged),
               "first_over": first, "first_undecided": first_undecided, "system_info": meta["system_info"],
+              "placement": meta.get("placement", []),
               "per_node": nodes}
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)

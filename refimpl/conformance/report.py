@@ -33,6 +33,7 @@ def per_op(records: list[dict], unsupported: list[str] = ()) -> dict[str, dict]:
         o["cases"] += 1
         o[r["verdict"]] += 1
         o["first_time"] += not r["cpu_supported"]
+        o["unsupported"] += not r.get("backend_supported", True)        # judged on ggml-cpu alone
         b = r["budget"] or 0.0
         if r["err_backend"] is not None:
             o["worst_backend"] = max(o["worst_backend"], _ratio(r["err_backend"], b))
@@ -76,7 +77,9 @@ def write_report(records: list[dict], meta: dict, out, unsupported: list[str] = 
                                                                    else ""),
              "", f"{s['cases']} cases: " + ", ".join(f"{s['verdicts'][v]} {v}" for v in VERDICTS)
              + f"; {s['first_time']} checked for the first time (ggml-cpu cannot run them), "
-             f"{s['first_time_wrong']} of them not agreeing; {len(unsupported)} the backend cannot run.", ""]
+             f"{s['first_time_wrong']} of them not agreeing; {len(unsupported) + s['cpu_alone']} the backend cannot "
+             "run" + (f", {s['cpu_alone']} of which judged on ggml-cpu alone ({s['cpu_alone_wrong']} not agreeing)"
+                      if s["cpu_alone"] else "") + ".", ""]
     plot = _plot(records, out / "errors.png")
     if plot:
         lines += [f"![each side's error against refimpl, per op]({plot.name})", ""]

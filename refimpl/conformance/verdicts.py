@@ -31,10 +31,10 @@ def verdict(rec: dict) -> tuple[str, str]:
         return "undecided", rec["error"]
     budget, budget_cpu = _num(rec["budget"]), _num(rec.get("budget_cpu", rec["budget"]))
     e_b, e_c, e_bc = _num(rec["err_backend"]), _num(rec.get("err_cpu")), _num(rec.get("err_backend_cpu"))
-    cpu = bool(rec["cpu_supported"])
-    over_b = e_b > budget
+    cpu, bk = bool(rec["cpu_supported"]), bool(rec.get("backend_supported", True))
+    over_b = bk and e_b > budget
     over_c = cpu and e_c > budget_cpu
-    apart = cpu and e_bc > budget
+    apart = cpu and bk and e_bc > budget
     if not (over_b or over_c or apart):
         return "agree", ""
     if rec.get("ref_nan", 0):
@@ -51,7 +51,8 @@ def verdict(rec: dict) -> tuple[str, str]:
         return "backend wrong", f"backend {e_b:.3g} > budget {budget:.3g}" + (
             f"; ggml-cpu {e_c:.3g}" if cpu else " (ggml-cpu cannot run this case)")
     if over_c:
-        return "ggml-cpu wrong", f"ggml-cpu {e_c:.3g} > budget {budget_cpu:.3g}; backend {e_b:.3g}"
+        return "ggml-cpu wrong", f"ggml-cpu {e_c:.3g} > budget {budget_cpu:.3g}; " + (
+            f"backend {e_b:.3g}" if bk else "the backend cannot run this case")
     return "undecided", (f"each within budget of refimpl (backend {e_b:.3g}, ggml-cpu {e_c:.3g}) but {e_bc:.3g} "
                          f"apart, over the budget {budget:.3g}")
 
@@ -62,6 +63,8 @@ def judge(raw: dict) -> dict:
     rec = {"op": raw["op"], "case": raw["case"], "backend": raw["backend"], "budget": _num(raw["budget"]),
            "err_backend": _num(raw.get("err_backend")), "err_cpu": _num(raw.get("err_cpu")),
            "cpu_supported": bool(raw["cpu_supported"]), "verdict": v}
+    if not raw.get("backend_supported", True):
+        rec["backend_supported"] = False             # ggml-cpu judged alone
     if why:
         rec["reason"] = why
     for k in ("err_backend_cpu", "err_ref2", "ref_nan", "error"):
@@ -102,13 +105,16 @@ def read_cases(path: str | os.PathLike) -> list[dict]:
 
 
 def summarize(records: list[dict]) -> dict:
-    """Counts per verdict, and of the cases ggml-cpu cannot run (checked for the first time)."""
+    """Counts per verdict, of the cases ggml-cpu cannot run (checked for the first time), and of those the backend
+    cannot run that ggml-cpu was judged on alone."""
     counts = {v: 0 for v in VERDICTS}
     for r in records:
         counts[r["verdict"]] += 1
     first = [r for r in records if not r["cpu_supported"]]
+    alone = [r for r in records if not r.get("backend_supported", True)]
     return {"cases": len(records), "verdicts": counts, "first_time": len(first),
-            "first_time_wrong": sum(r["verdict"] != "agree" for r in first)}
+            "first_time_wrong": sum(r["verdict"] != "agree" for r in first), "cpu_alone": len(alone),
+            "cpu_alone_wrong": sum(r["verdict"] != "agree" for r in alone)}
 
 
 def ops_known(name: str) -> bool:

@@ -81,6 +81,9 @@ def test_ci_subset_judged_for_vulkan_on_lavapipe(tmp_path):
     # in lavapipe's worker, or glibc's "double free"), on a case that varies from run to run; the judge records
     # the case it died on as `backend wrong` (a crash) and goes on after it. Those records are printed, and the
     # verdicts of every other case must be the recorded ones.
+    s = [r for r in recs if r["case"] == SUM_CASE]
+    assert s and all(r["verdict"] == "ggml-cpu wrong" and r.get("backend_supported") is False for r in s), \
+        "ggml-vulkan cannot run the permuted SUM: ggml-cpu is judged alone there, and its bug is seen"
     crashes = [r for r in recs if "crash" in r]
     print(f"vulkan: {len(crashes)} crash(es): " + "; ".join(f"{r['case']} ({r['crash']})" for r in crashes))
     if os.environ.get("REFIMPL_RECORD_CONFORMANCE"):
@@ -106,6 +109,51 @@ def test_bad_input_is_one_line(argv, message, tmp_path):
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 1 and last.startswith("refimpl: error: ") and message in last, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def _libllama(profile: str) -> str:
+    """The directory of a profile's shared libllama (scripts/build_llamacpp.sh --libllama), or a skip saying how to
+    build it: an optional build (minutes; CI builds only the portable one, which llama-cpp-python ships)."""
+    p = subprocess.run(["bash", str(_vendor.REPO / "scripts" / "build_llamacpp.sh"), "--profile", profile,
+                        "--libllama", "--cached"], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"the {profile} build's libllama is not cached on this machine: bash scripts/build_llamacpp.sh "
+                    f"--profile {profile} --libllama builds it")
+    return p.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_model_judged_on_the_native_build(name, tmp_path, monkeypatch):
+    """The same on ggml-cpu built for this machine's ISA (its own libllama, LLAMA_CPP_LIB_PATH): the backend run
+    and the offloaded refimpl run both use that build, and every node over budget is still ggml's rounding."""
+    from refimpl.conformance.model import judge_model
+    from refimpl.fetch import path
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", _libllama("native"))
+    r = judge_model(path(name), "The capital of France is", out=tmp_path)
+    assert "AVX512 = 1" in r["system_info"] or "AVX512" not in open("/proc/cpuinfo").read().upper(), \
+        "the native build runs (its system info names AVX-512 on a CPU that has it)"
+    assert r["judged"] == r["nodes"] > 300 and r["first_over"] is None, r["first_over"]
+    assert 0 < min(r["kl"]) and max(r["kl"]) < 0.05, "refimpl's run offloaded (KL 0 would mean it was not)"
+    over = [n for n in r["per_node"] if n.get("nmse", 0) > n.get("budget", 1)]
+    assert all(n["verdict"] == "undecided" and n["nmse_ggml"] == 0.0 for n in over), over[:3]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_model_judged_on_vulkan(name, tmp_path, monkeypatch):
+    """The same on ggml-vulkan (lavapipe), every layer offloaded to Vulkan0: closer to refimpl than ggml-cpu (it
+    keeps the activations in f32 where ggml-cpu rounds them to Q8). The only nodes over budget are Gemma 3's
+    GEGLU, where refimpl's exact GELU is still ggml-cpu's f16 table and Vulkan computes the formula
+    (docs/conformance.md: the verdict there is refimpl's error)."""
+    from refimpl.conformance.model import judge_model
+    from refimpl.fetch import path
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", _libllama("vulkan"))
+    r = judge_model(path(name), "The capital of France is", out=tmp_path, offload=True,
+                    backend_env={"GGML_VK_VISIBLE_DEVICES": "0"})
+    assert any("Vulkan0" in ln for ln in r["placement"]) and any("offloaded" in ln for ln in r["placement"])
+    assert r["judged"] == r["nodes"] > 300
+    assert 0 < max(r["kl"]) < 0.005, "nearer refimpl than ggml-cpu's 0.01"
+    over = [n for n in r["per_node"] if n.get("nmse", 0) > n.get("budget", 1)]
+    assert all(n["op"] == "GEGLU" and n["nmse"] < 2e-7 for n in over), over[:3]
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
