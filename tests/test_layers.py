@@ -330,3 +330,13 @@ def test_models_never_ask_the_numerics():
             if name in ("ggml_numerics", "current_numerics"):
                 bad.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}: {name}")
     assert not bad, "models asking which numerics runs them:\n" + "\n".join(bad)
+
+
+def test_cap_returns_what_it_records():
+    """A model names a tensor where it makes it: `x = cap(name, op(...))` (refimpl.models.common.capture_fn)."""
+    import numpy as np
+    from refimpl.models.common import capture_fn, no_capture
+    got = {}
+    x = np.arange(3, dtype=np.float32)
+    assert capture_fn(got)("t", x) is x and np.array_equal(got["t"], x) and got["t"] is not x
+    assert capture_fn(lambda n, a: None)("t", x) is x and no_capture("t", x) is x

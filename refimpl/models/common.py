@@ -15,19 +15,26 @@ from ..errors import LoadError
 from ..ops import add, mul, norm, set_rows
 
 
-def no_capture(name: str, x) -> None:
-    """The capture callback when nothing is captured (a model may test `cap is no_capture` to run fused ops)."""
-    return None
+def no_capture(name: str, x):
+    """The capture callback when nothing is captured (a model may test `cap is no_capture` to run fused ops):
+    returns x."""
+    return x
 
 
-def capture_fn(capture) -> Callable[[str, np.ndarray], None]:
-    """A `(name, array)` callback from `capture` (None, a dict, or a callable); device arrays reach it as
-    NumPy copies."""
+def capture_fn(capture) -> Callable[[str, np.ndarray], np.ndarray]:
+    """A `cap(name, array) -> array` callback from `capture` (None, a dict, or a callable): it records the array
+    (device arrays reach `capture` as NumPy copies) and returns it unchanged, so that a model names a tensor
+    where it makes it: `q = cap(f"Qcur-{il}", rope(q))`."""
     if capture is None:
         return no_capture
-    if callable(capture):
-        return lambda name, x: capture(name, to_host(x))
-    return lambda name, x: capture.__setitem__(name, np.array(to_host(x), copy=True))
+
+    def cap(name, x):
+        if callable(capture):
+            capture(name, to_host(x))
+        else:
+            capture[name] = np.array(to_host(x), copy=True)
+        return x
+    return cap
 
 
 def getter(kv: dict, prefix: str, where: str, error: Callable[[str], Exception] = ValueError,

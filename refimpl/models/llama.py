@@ -432,24 +432,18 @@ def attention(q, k, v, mask, scale, cap, il, sinks=None) -> np.ndarray:
     T, H, D = q.shape
     qh = permute(q, 0, 2, 1, 3)                                # (H, T, D)    ne [D, T, H]   views, as
     kh = permute(k, 0, 2, 1, 3)                                # (Hkv, n_kv, D)              llama.cpp's
-    kq = mul_mat(kh, qh)                                       # (H, T, n_kv) ne [n_kv, T, H]
-    cap(f"kq-{il}", kq)
-    kq = soft_max_ext(kq, mask, scale, 0.0, sinks)
-    cap(f"kq_soft_max-{il}", kq)
+    kq = cap(f"kq-{il}", mul_mat(kh, qh))                      # (H, T, n_kv) ne [n_kv, T, H]
+    kq = cap(f"kq_soft_max-{il}", soft_max_ext(kq, mask, scale, 0.0, sinks))
     vt = cont(permute(v, 1, 2, 0, 3))                          # (Hkv, D, n_kv)
-    kqv = mul_mat(vt, kq)                                      # (H, T, D)
-    cap(f"kqv-{il}", kqv)
-    out = cont(permute(kqv, 0, 2, 1, 3)).reshape(T, H * D)
-    cap(f"kqv_out-{il}", out)
-    return out
+    kqv = cap(f"kqv-{il}", mul_mat(vt, kq))                    # (H, T, D)
+    return cap(f"kqv_out-{il}", cont(permute(kqv, 0, 2, 1, 3)).reshape(T, H * D))
 
 
 def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap, positions=None) -> np.ndarray:
     """x (n_tokens, n_embd) -> (n_tokens, n_embd); this layer's K, V for pos.. go into the cache.
     positions: pos .. pos+T-1 as int32 (forward passes them, on the device under the CUDA backend)."""
     T, D = x.shape[0], hp.head_dim
-    cur = mul(rms_norm(x, hp.rms_eps), w.attn_norm)
-    cap(f"attn_norm-{il}", cur)
+    cur = cap(f"attn_norm-{il}", mul(rms_norm(x, hp.rms_eps), w.attn_norm))
     q, k, v = mul_mat(w.attn_q, cur), mul_mat(w.attn_k, cur), mul_mat(w.attn_v, cur)
     if w.bq is not None:
         q, k, v = add(q, w.bq), add(k, w.bk), add(v, w.bv)
@@ -459,26 +453,15 @@ def layer(x, w: Layer, hp: HParams, cache: KVCache, il: int, pos: int, mask, cap
                               freq_base=hp.rope_base, freq_scale=hp.rope_freq_scale, **hp.rope_args())
     q, k, v = q.reshape(T, hp.n_head, D), k.reshape(T, hp.n_head_kv, D), v.reshape(T, hp.n_head_kv, D)
     if w.attn_q_norm is not None:                    # qwen3: per-head RMS norms before rope
-        q = mul(rms_norm(q, hp.rms_eps), w.attn_q_norm)
-        cap(f"Qcur_normed-{il}", q)
-        k = mul(rms_norm(k, hp.rms_eps), w.attn_k_norm)
-        cap(f"Kcur_normed-{il}", k)
-    q, k = rope(q), rope(k)
-    cap(f"Qcur-{il}", q)
-    cap(f"Kcur-{il}", k)
-    cap(f"Vcur-{il}", v)
+        q = cap(f"Qcur_normed-{il}", mul(rms_norm(q, hp.rms_eps), w.attn_q_norm))
+        k = cap(f"Kcur_normed-{il}", mul(rms_norm(k, hp.rms_eps), w.attn_k_norm))
+    q, k, v = cap(f"Qcur-{il}", rope(q)), cap(f"Kcur-{il}", rope(k)), cap(f"Vcur-{il}", v)
     kk, vv = cache.store(il, k, v, pos)
     attn = mul_mat(w.attn_output, attention(q, kk, vv, mask, 1.0 / float(np.sqrt(D)), cap, il))
-    cap(f"attn_out-{il}", attn)
-    ffn_inp = add(attn, x)
-    cap(f"ffn_inp-{il}", ffn_inp)
-    cur = mul(rms_norm(ffn_inp, hp.rms_eps), w.ffn_norm)
-    cap(f"ffn_norm-{il}", cur)
-    cur = mul_mat(w.ffn_down, swiglu(mul_mat(w.ffn_gate, cur), mul_mat(w.ffn_up, cur)))
-    cap(f"ffn_out-{il}", cur)
-    out = add(cur, ffn_inp)
-    cap(f"l_out-{il}", out)
-    return out
+    ffn_inp = cap(f"ffn_inp-{il}", add(cap(f"attn_out-{il}", attn), x))
+    cur = cap(f"ffn_norm-{il}", mul(rms_norm(ffn_inp, hp.rms_eps), w.ffn_norm))
+    cur = cap(f"ffn_out-{il}", mul_mat(w.ffn_down, swiglu(mul_mat(w.ffn_gate, cur), mul_mat(w.ffn_up, cur))))
+    return cap(f"l_out-{il}", add(cur, ffn_inp))
 
 
 def checked_tokens(hp: HParams, tokens, cache: KVCache) -> np.ndarray:
@@ -502,8 +485,7 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
     tokens = checked_tokens(hp, tokens, cache)
     pos, T = cache.n_past, tokens.size
     cap = capture_fn(capture)
-    x = get_rows(model.token_embd, tokens)
-    cap("inp_embd", x)
+    x = cap("inp_embd", get_rows(model.token_embd, tokens))
     mask = causal_mask(T, cache.span(pos + T), pos)
     positions = constant(np.arange(pos, pos + T, dtype=np.int32))
     with forward_scope(T, "decoder"):
@@ -512,11 +494,8 @@ def forward(model: LlamaModel, tokens, cache: KVCache, *, capture=None, last_onl
     cache.n_past = pos + T
     if last_only:
         x = x[-1:]
-    x = mul(rms_norm(x, hp.rms_eps), model.output_norm)
-    cap("result_norm", x)
-    logits = mul_mat(model.output, x)
-    cap("result_output", logits)
-    return to_host(logits)
+    x = cap("result_norm", mul(rms_norm(x, hp.rms_eps), model.output_norm))
+    return to_host(cap("result_output", mul_mat(model.output, x)))
 
 
 def format_chat(model: LlamaModel, messages: list[dict], add_generation_prompt: bool = True) -> str:
