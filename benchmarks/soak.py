@@ -88,6 +88,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--ops", default=DEFAULT_OPS, help="test-backend-ops' -o ('' : the whole suite)")
     ap.add_argument("--clients", type=int, default=2, help="neighbour threads (default 2)")
+    ap.add_argument("--passes", type=int, default=1, help="soak passes, the RSS read after each (default 1)")
     args = ap.parse_args(argv)
     build = subprocess.run(["bash", str(ROOT / "scripts" / "build_llamacpp.sh"), "--cached"], capture_output=True,
                            text=True)
@@ -125,7 +126,10 @@ def main(argv=None) -> int:
         threads = [threading.Thread(target=neighbour, args=(k,), daemon=True) for k in range(args.clients)]
         for t in threads:
             t.start()
-        s_ok, s_run, s_s = _tbo(binary, port, args.ops)
+        passes = []
+        for _ in range(max(args.passes, 1)):
+            s_ok, s_run, s_s = _tbo(binary, port, args.ops)
+            passes.append((s_ok, s_run, s_s, *_proc(srv.pid), sum(counts)))
         stop.set()
         for t in threads:
             t.join()
@@ -136,6 +140,10 @@ def main(argv=None) -> int:
         srv.wait(timeout=30)
     print(f"test-backend-ops -o {args.ops or '(the whole suite)'} against refimpl serve (exact), port {port}")
     print(f"  quiet pass: {q_ok}/{q_run} OK in {q_s:.0f} s; server RSS {rss0 / 2**20:.0f} MiB, {fd0} descriptors")
+    for i, (ok, run, sec, rss, fd, n) in enumerate(passes[:-1] if len(passes) > 1 else []):
+        print(f"  soak pass {i + 1}: {ok}/{run} OK in {sec:.0f} s, {n} neighbour sessions so far; server RSS "
+              f"{rss / 2**20:.0f} MiB, {fd} descriptors")
+    s_ok = min(p[0] for p in passes)
     print(f"  soak pass:  {s_ok}/{s_run} OK in {s_s:.0f} s with {args.clients} neighbours: {sum(counts)} sessions "
           f"({', '.join(map(str, counts))}), {mismatch[0]} results not bit-identical to the quiet one, "
           f"{len(errors)} errors{': ' + errors[0] if errors else ''}")

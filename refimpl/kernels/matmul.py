@@ -129,6 +129,10 @@ _GEMV_VECTOR = """
 def _gemv_{t}(W2, nb, B, out, lo, hi, T):
     _vrows(simd.vdot64_{t}, {ts}, W2, nb, B, out, lo, hi)
 """
+# defines _gemv_f16 _gemv_bf16 _gemv_q1_0 _gemv_q2_K _gemv_q3_K _gemv_q4_K _gemv_q5_K _gemv_q6_K _gemv_iq2_xxs
+# _gemv_iq2_xs _gemv_iq2_s _gemv_iq3_xxs _gemv_iq3_s _gemv_iq1_s _gemv_iq1_m _gemv_iq4_nl _gemv_iq4_xs _gemv_tq1_0
+# _gemv_tq2_0 _gemv_mxfp4 _gemv_nvfp4 (_GEMV_DECODED) and _gemv_q4_0 _gemv_q4_1 _gemv_q5_0 _gemv_q5_1 _gemv_q8_0
+# (_GEMV_VECTOR): one per type of quants.DECODERS, tests/kernels check the list against the table
 GEMV = {int(traits(n).type): f for n, f in (
     *per_type(globals(), _GEMV_DECODED, [n for n in GEMV_TYPES if n not in VECTOR_TYPES]).items(),
     *per_type(globals(), _GEMV_VECTOR, VECTOR_TYPES, ts=lambda n: traits(n).type_size).items())}
@@ -345,95 +349,116 @@ def _covered(a, b) -> bool:
 
 @register("mul_mat", backend="numba")
 def mul_mat(a, b) -> np.ndarray:
-    """ggml_mul_mat(ctx, a, b) (see refimpl.ops.matmul.mul_mat): decode path fused per weight row, prefill
-    path the reference's BLAS tiles (f64 exact, f32 fast) with Numba-decoded weights."""
+    """ggml_mul_mat(ctx, a, b) (see refimpl.ops.matmul.mul_mat). Which path computes it, in order:
+
+        b 2-D, 1..DECODE_ROWS rows, f32 packed          _decode_2d      fused decode-dot per weight row
+        a, b 3-D, b 1..DECODE_ROWS rows (attention)      _attn_decode    the KV cache's rows, f32/f16
+        inputs the kernel does not cover (`_covered`)    NotImplemented  the next implementation runs
+        fast, f32 a with batches, many rows              _batched_f32 / _batched_split (MKL)
+        anything else, per weight matrix of a            _per_matrix: _small_m (<= DECODE_ROWS rows of b)
+                                                         or _prefill_tiles (TILE_ROWS weight rows at a time)
+    """
     if not isinstance(b, QTensor):
         b = np.asarray(b)
     if not isinstance(a, QTensor):
         a = np.asarray(a)
-    mode = current_numerics()                   # "exact" or "fast": what this kernel is registered for
+    fast = current_numerics() == "fast"         # "exact" or "fast": what this kernel is registered for
     if (type(b) is np.ndarray and b.ndim == 2 and 0 < b.shape[0] <= DECODE_ROWS
             and b.shape[1] > 0 and b.dtype == _F32 and b.flags.c_contiguous):
-        out = _decode_2d(a, b, mode == "fast")
+        out = _decode_2d(a, b, fast)
         if out is not None:
             return out
     if (type(b) is np.ndarray and type(a) is np.ndarray and b.ndim == 3 and a.ndim == 3
             and 0 < b.shape[1] <= DECODE_ROWS and b.dtype == _F32 and a.dtype in (_F32, _F16)):
-        out = _attn_decode(a, b, mode == "fast")
+        out = _attn_decode(a, b, fast)
         if out is not None:
             return out
     if not _covered(a, b):
         return NotImplemented                   # the next implementation (NumPy fast, or the reference)
-    fast = mode == "fast"
-    dt = np.float32 if fast else np.float64
     na, nb = ne4(a.shape), ne4(b.shape)
     tid, W = _weights(a)
     W = W.reshape((na[3], na[2], na[1]) + W.shape[-2:] if tid is not None else (na[3], na[2], na[1], na[0]))
     b4 = b.reshape(nb[::-1])
     r2, r3 = nb[2] // na[2], nb[3] // na[3]
-    n, k = na[1], na[0]
-    use_mkl = fast and mkl.available()
     if fast and tid is None and na[2] * na[3] > 1 and r3 * r2 * nb[1] > DECODE_ROWS:
         if not b4.flags.c_contiguous:           # a permuted Q (llama.cpp's view): packed once, as the split
             b4 = np.ascontiguousarray(b4)       # sgemm and the batched products read whole rows
-        batched = _batched_split if use_mkl else _batched_f32
-        return batched(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (n,))
-    out = np.empty((nb[3], nb[2], nb[1], n), np.float32)
+        batched = _batched_split if mkl.available() else _batched_f32
+        return batched(W, b4, na, nb, r2, r3).reshape(b.shape[:-1] + (na[1],))
+    out = _per_matrix(W, tid, b4, na, nb, r2, r3, fast)
+    nd = max(len(b.shape), 2)
+    return out.reshape(out.shape[4 - nd:])
+
+
+def _per_matrix(W, tid, b4, na, nb, r2, r3, fast: bool) -> np.ndarray:
+    """out (b3, b2, m, n) f32: each weight matrix of a against the rows of b it serves (ggml's broadcast)."""
+    out = np.empty((nb[3], nb[2], nb[1], na[1]), np.float32)
     for i3 in range(na[3]):
         for i2 in range(na[2]):
             bs = b4[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]                # (r3, r2, m, k)
             o = out[i3 * r3:(i3 + 1) * r3, i2 * r2:(i2 + 1) * r2]
-            w = W[i3, i2]
-            M = r3 * r2 * nb[1]
-            if M <= DECODE_ROWS:
-                B = np.ascontiguousarray(bs.reshape(M, k), dt)
-                res = np.empty((M, n), np.float32)
-                if fast and tid is None and n * k >= FAST_BLAS_MIN:
-                    o[...] = (B @ w.T).reshape(o.shape)          # BLAS sgemv: 2-4x the Numba kernels
-                    continue
-                if tid is not None:
-                    _decode_blocks(tid, w.reshape(-1, w.shape[-1]), w.shape[1], B, res, fast)
-                else:
-                    B = B.astype(np.float64, copy=False)
-                    split = _split(n, max(1, PAR_MIN_MACS // (k * M)))
-                    if split > 1:
-                        _par_gemv_f32(w, B, res, split)
-                    else:
-                        _gemv_f32(w, B, res, 0, n)
-                o[...] = res.reshape(o.shape)
-                continue
-            bsx = bs.astype(dt, copy=False)
-            if fast and not bsx.flags.c_contiguous:
-                # a permuted b (the RPC server's Q, a view of Qcur) is packed once for the split sgemm below:
-                # np.matmul would run it on OpenBLAS's threads, whose workers then spin ~0.1 s against
-                # refimpl's own (a served 32-token prefill took 2.3x as long)
-                bsx = np.ascontiguousarray(bsx)
-            w2 = w.reshape(-1, w.shape[-1]) if tid is not None else None
-            rows = max(ref_mm.TILE_ROWS, FAST_TILE // k) if fast else ref_mm.TILE_ROWS
-            for lo in range(0, n, rows):
-                hi = min(lo + rows, n)
-                if tid is None:
-                    t32 = w[lo:hi]
-                else:                               # the tile's blocks, decoded
-                    nbk = w.shape[1]                   # blocks per row
-                    blocks = w2[lo * nbk:hi * nbk]
-                    t32 = _tile(blocks.shape[0], k // nbk)
-                    if use_mkl:                     # MKL's split runs on Numba's threads: the prange decoders
-                        quants.decode_tensor(tid, blocks, t32)
-                    elif fast and tid in FAST:      # vector decode, this thread (see the section notes)
-                        quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())
-                    else:
-                        quants.dequantize_into(tid, blocks, t32)
-                flat = bsx.flags.c_contiguous and o.flags.c_contiguous
-                if fast and flat:                   # sgemm straight into the output (kernels/blas.py)
-                    blas.gemm_nt(bsx.reshape(-1, k), t32.reshape(hi - lo, k), o.reshape(-1, n)[:, lo:hi],
-                                 omp=tid is not None)
-                elif fast:
-                    np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
-                else:                               # f64 (blas.matmul_t: BLAS on one thread, split)
-                    blas.matmul_t(bsx, t32.reshape(hi - lo, k).astype(dt, copy=False), o[..., lo:hi])
-    nd = max(len(b.shape), 2)
-    return out.reshape(out.shape[4 - nd:])
+            if r3 * r2 * nb[1] <= DECODE_ROWS:
+                _small_m(W[i3, i2], tid, bs, o, na[1], na[0], fast)
+            else:
+                _prefill_tiles(W[i3, i2], tid, bs, o, na[1], na[0], fast)
+    return out
+
+
+def _small_m(w, tid, bs, o, n: int, k: int, fast: bool) -> None:
+    """o = bs @ w^T for a few rows of b (<= DECODE_ROWS): BLAS sgemv for large f32 weights in fast numerics,
+    the fused decode kernels for a block type, the f64 f32-weight kernels otherwise."""
+    M = bs.shape[0] * bs.shape[1] * bs.shape[2]
+    B = np.ascontiguousarray(bs.reshape(M, k), np.float32 if fast else np.float64)
+    if fast and tid is None and n * k >= FAST_BLAS_MIN:
+        o[...] = (B @ w.T).reshape(o.shape)     # BLAS sgemv: 2-4x the Numba kernels
+        return
+    res = np.empty((M, n), np.float32)
+    if tid is not None:
+        _decode_blocks(tid, w.reshape(-1, w.shape[-1]), w.shape[1], B, res, fast)
+    else:
+        B = B.astype(np.float64, copy=False)
+        split = _split(n, max(1, PAR_MIN_MACS // (k * M)))
+        if split > 1:
+            _par_gemv_f32(w, B, res, split)
+        else:
+            _gemv_f32(w, B, res, 0, n)
+    o[...] = res.reshape(o.shape)
+
+
+def _prefill_tiles(w, tid, bs, o, n: int, k: int, fast: bool) -> None:
+    """o = bs @ w^T, TILE_ROWS weight rows at a time (FAST_TILE elements in fast numerics), each tile decoded
+    once: f64 BLAS on one thread, split over refimpl's (exact); f32 sgemm, MKL's where installed (fast)."""
+    dt = np.float32 if fast else np.float64
+    use_mkl = fast and mkl.available()
+    bsx = bs.astype(dt, copy=False)
+    if fast and not bsx.flags.c_contiguous:
+        # a permuted b (the RPC server's Q, a view of Qcur) is packed once for the split sgemm below:
+        # np.matmul would run it on OpenBLAS's threads, which then spin against refimpl's own
+        bsx = np.ascontiguousarray(bsx)
+    w2 = w.reshape(-1, w.shape[-1]) if tid is not None else None
+    rows = max(ref_mm.TILE_ROWS, FAST_TILE // k) if fast else ref_mm.TILE_ROWS
+    for lo in range(0, n, rows):
+        hi = min(lo + rows, n)
+        if tid is None:
+            t32 = w[lo:hi]
+        else:                                   # the tile's blocks, decoded
+            nbk = w.shape[1]                    # blocks per row
+            blocks = w2[lo * nbk:hi * nbk]
+            t32 = _tile(blocks.shape[0], k // nbk)
+            if use_mkl:                         # MKL's split runs on Numba's threads: the prange decoders
+                quants.decode_tensor(tid, blocks, t32)
+            elif fast and tid in FAST:          # vector decode, this thread (see the section notes)
+                quants.DECODERS[tid](blocks, t32, 0, blocks.shape[0], ())
+            else:
+                quants.dequantize_into(tid, blocks, t32)
+        flat = bsx.flags.c_contiguous and o.flags.c_contiguous
+        if fast and flat:                       # sgemm straight into the output (kernels/blas.py)
+            blas.gemm_nt(bsx.reshape(-1, k), t32.reshape(hi - lo, k), o.reshape(-1, n)[:, lo:hi],
+                         omp=tid is not None)
+        elif fast:
+            np.matmul(bsx, t32.reshape(hi - lo, k).T, out=o[..., lo:hi])
+        else:                                   # f64 (blas.matmul_t: BLAS on one thread, split)
+            blas.matmul_t(bsx, t32.reshape(hi - lo, k).astype(dt, copy=False), o[..., lo:hi])
 
 
 # -- numerics="fast" -----------------------------------------------------------------------------------------
@@ -460,6 +485,7 @@ _FAST = """
 def _fast_{t}(W, nb, B, out, lo, hi):
     _vrows(simd.vdot_{t}, {ts}, W, nb, B, out, lo, hi)
 """
+# defines _fast_q4_0 _fast_q4_1 _fast_q5_0 _fast_q5_1 _fast_q8_0
 FAST = {int(traits(n).type): f
         for n, f in per_type(globals(), _FAST, VECTOR_TYPES, ts=lambda n: traits(n).type_size).items()}
 
@@ -485,6 +511,9 @@ def _par_gemv_{t}(W, nb, B, out, T, nchunk):
     for c in prange(nchunk):
         _gemv_{t}(W, nb, B, out, n * c // nchunk, n * (c + 1) // nchunk, T)
 """
+# defines _par_fast_q4_0 _par_fast_q4_1 _par_fast_q5_0 _par_fast_q5_1 _par_fast_q8_0 (_PAR_FAST) and _par_gemv_f16
+# _par_gemv_q4_0 _par_gemv_q4_1 _par_gemv_q5_0 _par_gemv_q5_1 _par_gemv_q8_0 _par_gemv_q4_K _par_gemv_q5_K
+# _par_gemv_q6_K (_PAR_GEMV)
 PAR_FAST = {int(traits(n).type): f for n, f in per_type(globals(), _PAR_FAST, VECTOR_TYPES).items()}
 PAR_GEMV = {int(traits(n).type): f for n, f in per_type(globals(), _PAR_GEMV,
                                                        ("f16",) + VECTOR_TYPES + ("q4_K", "q5_K", "q6_K")).items()}
