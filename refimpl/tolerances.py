@@ -61,12 +61,16 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
     ("add_id", "*", "ggml"): EXACT,
     **{(o, "*", "ggml"): EXACT for o in (      # f32 arithmetic (IEEE ops, fmin/fmax, floor..., f16 tables)
         "sqr", "sqrt", "abs", "sgn", "neg", "step", "relu", "hardsigmoid", "hardswish", "floor", "ceil",
-        "round", "trunc", "gelu", "gelu_quick", "reglu", "geglu", "geglu_quick", "leaky_relu", "scale",
+        "round", "trunc", "reglu", "leaky_relu", "scale",
         "clamp", "fill", "tri", "arange")},
     **{(o, "*", "ggml"): Tol(exact=True, why="ggml-cpu's accumulation order and precision (sequential f64 row "
                                              "sums, f32 for f16/bf16 sum and cumsum); integer results")
        for o in ("sum", "sum_rows", "mean", "cumsum", "argmax", "count_equal")},
     ("swiglu", "f32", "ggml"): Tol(nmse=1e-12, why="silu's SIMD exp: measured per-element worst 1.3e-13"),
+    **{(o, "*", "ggml"): Tol(nmse=1e-6, why="ggml-cpu reads the formula from an f16 table: the input and the "
+                                             "output each rounded to f16 (2^-11 relative), so at most ~(2^-10)^2 "
+                                             "against the formula's f32 steps; NMSE 8.8e-8 on uniform [-1, 1]")
+       for o in ("gelu", "gelu_quick", "geglu", "geglu_quick")},
     ("swiglu_oai", "f32", "ggml"): Tol(nmse=1e-12, why="expf ulps: measured per-element worst 5.6e-14"),
     ("geglu_erf", "f32", "ggml"): Tol(nmse=1e-9, why="as gelu_erf: measured per-element worst 4.8e-10 on [-3, 6]"),
     ("silu_back", "f32", "ggml"): Tol(nmse=1e-10, why="expf ulps, 1 + x(1-s) cancels near x=-1.28: measured "
@@ -431,6 +435,9 @@ TOLERANCES: dict[tuple[str, str, str], Tol] = {
                  "q6_K", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "q1_0", "tq1_0", "tq2_0", "iq2_xxs", "iq2_xs",
                  "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")},
     ("rms_norm", "*", "ggml-faithful"): Tol(exact=True, why="sequential f64 sum of squares, as ggml-cpu"),
+    **{(o, "*", "ggml-faithful"): Tol(exact=True, why="ggml-cpu's 65536-entry f16 table (GGML_GELU_FP16), which "
+                                                       "the ggml profile reads as ggml-cpu does")
+       for o in ("gelu", "gelu_quick", "geglu", "geglu_quick")},
     ("norm", "*", "ggml-faithful"): Tol(exact=True, why="sequential f64 row sum; squares pre-added 8 at a time "
                                         "(hsum_float_8), the scalar f32 path for strided rows"),
     ("soft_max_ext", "*", "ggml-faithful"): Tol(exact=True, why="AVX2 SIMD exp on 8-lane chunks, libm expf on the "

@@ -1,4 +1,5 @@
-"""silu, gelu, sigmoid, exp, relu, swiglu, geglu with Numba (f32): the reference's f32 steps element by element.
+"""silu, gelu, sigmoid, exp, relu, swiglu, geglu with Numba (f32): the reference's f32 steps element by element
+(gelu and geglu: ggml-cpu's f16 table, registered for the ggml profile only; the exact op is the formula).
 
 Versions:
     silu    x / (1 + fl(exp(f64(-x))))                                  (refimpl.ops.elementwise._silu)
@@ -131,10 +132,11 @@ def silu(a):
     return _apply(SILU, a) if _f32c(a) else ref_ew.silu.reference(a)
 
 
-@register("gelu", backend="numba")
+@register("gelu", backend="numba", numerics="ggml")
 def gelu(a):
-    """ggml_gelu (see refimpl.ops.elementwise.gelu) in Numba, through ggml-cpu's f16 table."""
-    return _apply(GELU, a) if _f32c(a) else ref_ew.gelu.reference(a)
+    """ggml-cpu's gelu (refimpl.kernels.ggml.ops.gelu) in Numba, through its f16 table: the ggml profile's
+    (the exact op is the formula, refimpl.ops.elementwise.gelu)."""
+    return _apply(GELU, a) if _f32c(a) else NotImplemented
 
 
 @register("sigmoid", backend="numba")
@@ -187,11 +189,11 @@ def swiglu(a, b=None, *, swapped: bool = False):
     return _glu_apply(SILU, a, b, swapped)
 
 
-@register("geglu", backend="numba")
+@register("geglu", backend="numba", numerics="ggml")
 def geglu(a, b=None, *, swapped: bool = False):
-    """ggml_geglu (see refimpl.ops.elementwise.geglu) in Numba, through ggml-cpu's f16 GELU table."""
+    """ggml-cpu's geglu in Numba, through its f16 GELU table: the ggml profile's (see gelu)."""
     if not _glu_covered(a, b):
-        return ref_ew.geglu.reference(a, b, swapped=swapped)
+        return NotImplemented
     return _glu_apply(GELU, a, b, swapped)
 
 
@@ -211,7 +213,7 @@ def _bias_gelu(y, bias, tab, act, out, lo, hi):
 
 
 def bias_gelu_(y, bias, act: bool = True):
-    """y <- gelu(add(y, bias)) in place, the bits of those two ops (ggml_add, then ggml_gelu's f16 table);
+    """y <- gelu(add(y, bias)) in place, the bits of add and of ggml-cpu's gelu (its f16 table, the ggml profile's);
     act=False: y <- add(y, bias) only. y (rows, n) f32 C-contiguous, a temporary the caller owns (a
     projection's output); bias (n,) f32. Returns y, or None for operands it does not cover (y untouched;
     the caller runs the ops)."""
@@ -227,12 +229,12 @@ def bias_gelu_(y, bias, act: bool = True):
 
 @register("mul_mat_add_gelu", backend="numba")
 def mul_mat_add_gelu(a, b, bias):
-    """refimpl.ops.fused.mul_mat_add_gelu: the product (mul_mat's kernels), then the bias and GELU in one pass
-    in place on that product, which this function owns (the bits of add, then gelu's f16 table)."""
+    """refimpl.ops.fused.mul_mat_add_gelu: the product (mul_mat's kernels), the bias added in place on that
+    product, which this function owns (the add op's bits), then the gelu op of the active profile."""
     y = ops.mul_mat(a, b)
-    if bias_gelu_(y, bias) is None:
+    if bias_gelu_(y, bias, act=False) is None:
         return ops.gelu(ops.add(y, bias))
-    return y
+    return ops.gelu(y)
 
 
 @register("mul_mat_add", backend="numba")

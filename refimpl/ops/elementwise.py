@@ -10,8 +10,9 @@ Two choices make that exact mode differ from ggml-cpu's bits, and only by an ulp
 * SILU and SWIGLU use the true exp; ggml-cpu's AVX2 kernels use a SIMD polynomial exp on 8-lane chunks.
 
 Where GCC fuses `a*b + c` in ggml-cpu's compiled code (scale with bias, arange, xielu, silu_back, the GELU
-table) refimpl does the same with `fma32` (one rounding). GELU and GELU_QUICK are *defined* on the CPU by
-65536-entry f16 tables; refimpl builds the same tables (`gelu_table`, `gelu_quick_table`).
+table) refimpl does the same with `fma32` (one rounding). GELU and GELU_QUICK are the formulas (what every
+backend but ggml-cpu computes); ggml-cpu reads them from 65536-entry f16 tables, which refimpl builds
+(`gelu_table`, `gelu_quick_table`) for the ggml numerics profile.
 """
 from __future__ import annotations
 
@@ -486,51 +487,42 @@ def _lookup(table: np.ndarray, x: np.ndarray) -> np.ndarray:
     return f16_to_f32(table[f16_bits(x)])
 
 
-def _gelu_f32(x):
-    return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x, _lookup(gelu_table(), x)))
-
-
 @op("gelu", covers="UNARY:GELU")
 def gelu(a):
-    """ggml_gelu: the tanh-approximation GELU, as ggml-cpu defines it: through an f16 lookup table.
+    """ggml_gelu: the tanh-approximation GELU, ggml's formula in f32 steps.
 
     a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16 (bf16: ggml 0.25.3), rows contiguous
     out  a's shape and type
 
-        gelu(x) = 0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x**2)))
-        f32 a:  out = 0 if a <= -10, a if a >= 10, else T[fl16(a)]      (T = gelu_table())
-        f16 a:  out = T[a]
-        bf16 a: out = fl_bf16(gelu(a))   (the formula in f32 steps, no table: ggml_vec_gelu_bf16)
+        gelu(x) = 0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x**2)))      (f32 steps, the inner sum one FMA)
 
-    ggml-cpu evaluates GELU only through this 65536-entry table, so the input is rounded to f16 and the
-    output has f16 precision (up to ~4e-3 abs from the formula). refimpl's exact mode uses the same table
-    (bit-exact with ggml-cpu): the formula itself misses ggml-cpu by NMSE 8.8e-8 on uniform [-1, 1] data,
-    nearly ggml's whole 1e-7 test budget.
+    This is the op every backend computes but ggml-cpu: CUDA (ggml_cuda_op_gelu_single), Vulkan (gelu.comp)
+    and ggml-cpu's own bf16 path evaluate the formula. ggml-cpu's f32 and f16 paths read a 65536-entry f16
+    table instead (GGML_GELU_FP16: the input rounded to f16, the output f16; 0 below -10 and x above 10 for
+    f32), up to ~2^-11 relative from the formula; the ggml numerics profile reproduces that table
+    (refimpl.kernels.ggml.ops, `gelu_table`).
     """
     x, t = load_f32("gelu", a)
     check_layout("gelu", "rows", a=a)
     with np.errstate(all="ignore"):
-        y = _gelu_f32(x) if t == "f32" else _lookup(gelu_table(), x) if t == "f16" else _gelu_tanh(x)
+        y = _gelu_tanh(x)
     return store_as(y, t)
 
 
 @op("gelu_quick", covers="UNARY:GELU_QUICK")
 def gelu_quick(a):
-    """ggml_gelu_quick: x * sigmoid(1.702 x), as ggml-cpu defines it: through an f16 lookup table.
+    """ggml_gelu_quick: x * sigmoid(1.702 x), ggml's formula in f32 steps.
 
     a    ne [n0, n1, n2, n3]   numpy (n3, n2, n1, n0)   f32/f16/bf16 (bf16: ggml 0.25.3), rows contiguous
     out  a's shape and type
 
-        out = T[fl16(a)]     T = gelu_quick_table(), T[h] = fl16(x / (1 + expf(-1.702 x)))
-        bf16 a: out = fl_bf16(a / (1 + expf(-1.702 a)))   (f32 steps, no table: ggml_vec_gelu_quick_bf16)
+        out = a * (1 / (1 + expf(-1.702 a)))      (f32 steps)
 
-    Always through the table (no +-10 passthrough as in gelu): inputs beyond f16's range become +-inf
-    first, so gelu_quick(1e5) = inf and gelu_quick(-1e5) = nan (-inf * 0), exactly as ggml-cpu. The formula
-    without the table misses ggml-cpu by NMSE 1.1e-7 on uniform [-5, 5], above ggml's 1e-7 ceiling.
+    As gelu: the formula is the op (ggml-cpu's bf16 path, the GPU backends); ggml-cpu's f32 and f16 paths read
+    an f16 table (`gelu_quick_table`, no +-10 passthrough: inputs beyond f16's range become +-inf first), which
+    the ggml numerics profile reproduces.
     """
-    def f(x):
-        return _gelu_quick(x) if type_name(a) == "bf16" else _lookup(gelu_quick_table(), x)
-    return map_unary("gelu_quick", a, f)
+    return map_unary("gelu_quick", a, _gelu_quick)
 
 
 @op("xielu", covers="UNARY:XIELU")
@@ -643,13 +635,7 @@ def reglu(a, b=None, *, swapped: bool = False):
 
 @op("geglu", covers="GLU:GEGLU")
 def geglu(a, b=None, *, swapped: bool = False):
-    def act(x, g, t):
-        if t == "f16":
-            return _lookup(gelu_table(), x) * g
-        if t == "bf16":                                   # ggml_vec_geglu_bf16: the formula, no table
-            return _gelu_tanh(x) * g
-        return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x * g, _lookup(gelu_table(), x) * g))
-    return map_glu("geglu", a, b, swapped, act)
+    return map_glu("geglu", a, b, swapped, lambda x, g, t: _gelu_tanh(x) * g)
 
 
 @op("swiglu", covers="GLU:SWIGLU")
@@ -664,9 +650,7 @@ def geglu_erf(a, b=None, *, swapped: bool = False):
 
 @op("geglu_quick", covers="GLU:GEGLU_QUICK")
 def geglu_quick(a, b=None, *, swapped: bool = False):
-    def act(x, g, t):
-        return (_gelu_quick(x) if t == "bf16" else _lookup(gelu_quick_table(), x)) * g
-    return map_glu("geglu_quick", a, b, swapped, act)
+    return map_glu("geglu_quick", a, b, swapped, lambda x, g, t: _gelu_quick(x) * g)
 
 
 def cap_clamp(x, g, limit):
@@ -696,9 +680,9 @@ def swiglu_clamp(a, b, limit: float, *, swapped: bool = False):
 reglu.__doc__ = _GLU_DOC.format(call="ggml_reglu: relu-gated linear unit.", name="reglu", types=_GLU_TYPES,
                                 math="x * g if x > 0 else 0", note="")
 geglu.__doc__ = _GLU_DOC.format(
-    call="ggml_geglu: GELU-gated linear unit (e.g. Gemma's FFN), GELU through ggml-cpu's f16 table.",
-    name="geglu", types=_GLU_TYPES, math="gelu(x) * g   (f32 x: 0 if x <= -10, x*g if x >= 10, else T[fl16(x)]*g)",
-    note="T = gelu_table(), as in gelu (f16 a: T[x]*g, no +-10 rule; bf16 a: the formula in f32, no table).")
+    call="ggml_geglu: GELU-gated linear unit (e.g. Gemma's FFN).",
+    name="geglu", types=_GLU_TYPES, math="gelu(x) * g   (gelu's formula, f32 steps)",
+    note="ggml-cpu's f32 and f16 paths take gelu from its f16 table (see gelu); the ggml numerics profile does.")
 swiglu.__doc__ = _GLU_DOC.format(
     call="ggml_swiglu: SiLU-gated linear unit, llama's FFN: silu(gate) * up.", name="swiglu", types=_GLU_TYPES,
     math="x / (1 + exp(-x)) * g   (f32 steps)",
@@ -707,8 +691,9 @@ geglu_erf.__doc__ = _GLU_DOC.format(call="ggml_geglu_erf: erf-GELU-gated linear 
                                     types=_GLU_TYPES, math="0.5 * x * (1 + erff(x * 0.70710678)) * g   (f32 steps)",
                                     note=_LIBM_NOTE)
 geglu_quick.__doc__ = _GLU_DOC.format(call="ggml_geglu_quick: quick-GELU-gated linear unit.", name="geglu_quick",
-                                      types=_GLU_TYPES, math="T[fl16(x)] * g   (T = gelu_quick_table())",
-                                      note="bf16 a: x / (1 + expf(-1.702 x)) * g in f32 steps, no table.")
+                                      types=_GLU_TYPES, math="x / (1 + expf(-1.702 x)) * g   (f32 steps)",
+                                      note="ggml-cpu's f32 and f16 paths take it from an f16 table (see gelu_quick); "
+                                      "the ggml numerics profile does.")
 swiglu_oai.__doc__ = _GLU_DOC.format(
     call="ggml_swiglu_oai(a, b, alpha, limit): gpt-oss's clamped SwiGLU (defaults: llama.cpp's gpt-oss values).",
     name="swiglu_oai", types="f32",

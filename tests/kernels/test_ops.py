@@ -22,8 +22,10 @@ from refimpl.testing import assert_bits_equal, assert_nmse, named_cases, op_case
 
 pytestmark = pytest.mark.equivalence
 
-OPS_WITH_KERNELS = ["rms_norm", "norm", "soft_max_ext", "rope_ext", "rope_ext_back", "get_rows", "silu", "gelu",
-                    "sigmoid", "exp", "relu", "swiglu", "geglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
+OPS_WITH_KERNELS = ["rms_norm", "norm", "soft_max_ext", "rope_ext", "rope_ext_back", "get_rows", "silu",
+                    "sigmoid", "exp", "relu", "swiglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
+# ggml-cpu's f16 GELU table in Numba: kernels of the ggml profile only (the exact op is the formula)
+GGML_PROFILE_KERNELS = ["gelu", "geglu"]
 N = max(10, settings().max_examples // 4)
 
 refimpl.kernels.load()
@@ -199,3 +201,20 @@ def test_set_rows_kernel_leaves_errors_to_the_reference():
         ro = a.copy()
         ro.flags.writeable = False
         refimpl.set_rows(ro, b, np.array([0, 1], np.int64), out=ro)
+
+
+@pytest.mark.parametrize("op", GGML_PROFILE_KERNELS)
+@settings(max_examples=examples(N))
+@given(data=st.data())
+def test_ggml_profile_kernel_matches_the_ggml_emulation(op, data):
+    """Under numerics="ggml", the Numba table kernel gives the bits of refimpl.kernels.ggml's NumPy table."""
+    case = data.draw(op_cases(op))
+    with refimpl.numerics("ggml"):
+        with refimpl.backend("numpy"), np.errstate(all="ignore"):
+            try:
+                ref = case.run()
+            except (GGMLShapeError, ValueError, TypeError):
+                return
+        with refimpl.backend("numba"), np.errstate(all="ignore"):
+            got = case.run()
+    assert_bits_equal(_values(got), _values(ref), str(case))

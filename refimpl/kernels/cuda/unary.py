@@ -7,7 +7,7 @@ past the end returns):
               reads 4 + 4 bytes (b mostly from cache when it is tiled), writes 4 bytes per element
     _scale    out = a*s, or fma(a, s, b) with one rounding when b != 0; reads 4, writes 4 bytes per element
     _unary    silu, gelu, gelu_erf, relu, sigmoid, tanh, exp, sqr, sqrt, neg: reads 4, writes 4 bytes per
-              element; gelu also reads one f32 of the 65536-entry table (256 KiB, uploaded once, cached)
+              element (gelu: ggml's formula, as the reference; ggml-cpu's f16 table is the ggml profile's)
     _glu      swiglu, geglu, reglu, fused (x, g the two halves of a's rows, swapped or not) or split (a, b):
               one thread per output element, reads 4 + 4 bytes, writes 4 bytes
 Numerics: every f32 operation of the reference, in its order, one IEEE rounding each. NVVM contracts
@@ -15,8 +15,7 @@ Numerics: every f32 operation of the reference, in its order, one IEEE rounding 
 `fmul`/`fadd`/`fsub` (libdevice's __nv_fmul_rn etc., never contracted) and the one intended FMA (scale with a
 bias) is `ffma`. libm functions are the f64 function rounded once to f32, as the reference's `_libm`: on the
 GPU libdevice's f64 exp/tanh/erf (<= 1-2 f64 ulp), so an f32 result can differ from the reference only
-where that f64 error straddles an f32 rounding boundary (about 2^-28 of inputs). The gelu table is indexed
-by the f16 bits of the input computed with integer code (`f16_bits`), NaN included, as the reference.
+where that f64 error straddles an f32 rounding boundary (about 2^-28 of inputs).
 NaN payloads: the GPU's arithmetic NaN is 0x7fffffff where x86 gives 0xffc00000 (sqrt(-1), 0*inf, ...);
 the values agree as NaN. In numba's simulator the primitives are NumPy f32/f64 scalar operations.
 Inputs not covered (f16/bf16 tensors, non-contiguous a, more than 4 dims, empty, shapes ggml rejects) run
@@ -35,7 +34,6 @@ from ...dispatch import register
 from ...residency import host_args
 from ...rounding import fma32
 from ...shapes import ne4
-from ...rounding import f16_to_f32
 from . import _device
 
 SIM = bool(config.ENABLE_CUDASIM)
@@ -197,12 +195,6 @@ def as_u32(x):
 
 
 @functools.lru_cache(maxsize=None)
-def _gelu_table_device():
-    """ggml-cpu's GELU table as f32 values (f16_to_f32, as the reference's lookup), uploaded on first use."""
-    return cuda.to_device(np.ascontiguousarray(f16_to_f32(ref_ew.gelu_table())))
-
-
-@functools.lru_cache(maxsize=None)
 def _no_table():
     return cuda.to_device(np.zeros(1, np.float32))
 
@@ -224,14 +216,17 @@ def silu(x):
     return x / fadd(ONE, np.float32(dexp(-x)))
 
 
+SQRT_2_OVER_PI = ref_ew._SQRT_2_OVER_PI
+GELU_COEF_A = ref_ew._GELU_COEF_A
+
+
 @cuda.jit(device=True)
 def gelu(x, u, tab):
-    """0 if x <= -10, x if x >= 10, else T[f16 bits of x]; u = the bits of x."""
-    if x <= -TEN:
-        return ZERO
-    if x >= TEN:
-        return x
-    return tab[f16_bits(u)]
+    """ggml's tanh-approximation GELU in the reference's f32 steps (refimpl.ops.elementwise._gelu_tanh):
+    0.5*x*(1 + tanh(sqrt(2/pi)*x*fma(0.044715*x, x, 1))), tanh the f64 function rounded once. (u, tab: unused,
+    the signature the GLU kernel shares.)"""
+    inner = fmul(fmul(SQRT_2_OVER_PI, x), ffma(fmul(GELU_COEF_A, x), x, ONE))
+    return fmul(fmul(HALF, x), fadd(ONE, np.float32(dtanh(inner))))
 
 
 @cuda.jit(device=True)
@@ -262,11 +257,7 @@ def _glu_one(kind, x, u, g, tab):
     if kind == SWIGLU:
         return fmul(silu(x), g)
     if kind == GEGLU:
-        if x <= -TEN:
-            return ZERO
-        if x >= TEN:
-            return fmul(x, g)
-        return fmul(tab[f16_bits(u)], g)
+        return fmul(gelu(x, u, tab), g)
     return fmul(x, g) if x > ZERO else ZERO
 
 
@@ -385,7 +376,7 @@ def _unary_op(kind, ref, a):
     if da is None:
         return fallback(ref, a)
     out = cuda.device_array(da.shape, np.float32)
-    tab = _gelu_table_device() if kind == GELU else _no_table()
+    tab = _no_table()
     _launch(_unary, da.size, kind, flat(da), as_u32(da), tab, flat(out))
     return out
 
@@ -428,7 +419,7 @@ def _glu_op(kind, ref, a, b, swapped):
         nc, x, g, xo, go, xs, gs = n, flat(da), flat(db), 0, 0, n, n
     out = cuda.device_array(shape[:-1] + (nc,), np.float32)
     if out.size:
-        tab = _gelu_table_device() if kind == GEGLU else _no_table()
+        tab = _no_table()
         _launch(_glu, out.size, kind, x, as_u32(da), g, tab, flat(out), nc, xs, xo, gs, go)
     return out
 

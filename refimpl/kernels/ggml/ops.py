@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dispatch import register
+from ...ops import elementwise as ew
 from ...ops.elementwise import cap_clamp, map_glu, map_unary
 from ...types import type_name
 from ...ops.rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
@@ -190,6 +191,51 @@ def swiglu_oai(a, b=None, alpha: float = 1.702, limit: float = 7.0, *, swapped: 
     return map_glu("swiglu_oai", a, b, swapped, act, ("f32",))
 
 
+# -- GELU through ggml-cpu's f16 tables (GGML_GELU_FP16) -----------------------------------------------------
+
+def _gelu_cpu(x, t):
+    """ggml_vec_gelu_f32 / _f16: f32: 0 if x <= -10, x if x >= 10, else T[fl16(x)]; f16: T[x]; bf16: the formula
+    in f32 steps (ggml_vec_gelu_bf16 has no table)."""
+    if t == "bf16":
+        return ew._gelu_tanh(x)
+    if t == "f16":
+        return ew._lookup(ew.gelu_table(), x)
+    return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x, ew._lookup(ew.gelu_table(), x)))
+
+
+def _gelu_quick_cpu(x, t):
+    """ggml_vec_gelu_quick_f32 / _f16: T[fl16(x)] always (inputs past f16's range become +-inf first); bf16: the
+    formula."""
+    return ew._gelu_quick(x) if t == "bf16" else ew._lookup(ew.gelu_quick_table(), x)
+
+
+def gelu(a):
+    """ggml-cpu's gelu: through its f16 table (refimpl.ops.elementwise.gelu has the formula)."""
+    t = type_name(a)
+    return map_unary("gelu", a, lambda x: _gelu_cpu(x, t))
+
+
+def gelu_quick(a):
+    """ggml-cpu's gelu_quick: through its f16 table."""
+    t = type_name(a)
+    return map_unary("gelu_quick", a, lambda x: _gelu_quick_cpu(x, t))
+
+
+def geglu(a, b=None, *, swapped: bool = False):
+    """ggml-cpu's geglu: gelu from its table (f32: the +-10 rule, then T[fl16(x)]), times g in f32."""
+    def act(x, g, t):
+        if t == "f32":
+            return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x * g,
+                                                            ew._lookup(ew.gelu_table(), x) * g))
+        return _gelu_cpu(x, t) * g
+    return map_glu("geglu", a, b, swapped, act)
+
+
+def geglu_quick(a, b=None, *, swapped: bool = False):
+    """ggml-cpu's geglu_quick: T[fl16(x)] * g (bf16: the formula)."""
+    return map_glu("geglu_quick", a, b, swapped, lambda x, g, t: _gelu_quick_cpu(x, t) * g)
+
+
 # -- unary ops on the C library ----------------------------------------------------------------------------
 
 def tanh(a):
@@ -339,7 +385,8 @@ def rope_ext(x, pos, freq_factors=None, *, n_dims, mode=0, n_ctx_orig=0, freq_ba
 
 
 OPS = {"rms_norm": rms_norm, "norm": norm, "soft_max_ext": soft_max_ext, "rope_ext": rope_ext, "silu": silu,
-       "swiglu": swiglu, "swiglu_oai": swiglu_oai, "tanh": tanh, "exp": exp,
+       "swiglu": swiglu, "swiglu_oai": swiglu_oai, "tanh": tanh, "exp": exp, "gelu": gelu,
+       "gelu_quick": gelu_quick, "geglu": geglu, "geglu_quick": geglu_quick,
        "sigmoid": sigmoid, "rwkv_wkv7": rwkv_wkv7}
 for _name, _fn in OPS.items():
     register(_name, numerics="ggml")(_fn)
