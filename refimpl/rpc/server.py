@@ -65,6 +65,7 @@ IDLE_TIMEOUT_S = 3600.0       # default --idle-timeout: llama.cpp keeps its conn
 MAX_CLIENTS = 16              # default --max-clients
 MAX_GRAPH_WORK = 1 << 50      # default --max-graph-work, element-operations (a 70B prefill is ~2^46)
 MAX_GRAPH_SECONDS = 3600.0    # default --max-graph-seconds
+FINISHED_KEPT = 256           # closed connections kept for their counts (Server.finished)
 NODE_WORK = 1 << 12           # a node's fixed cost in element-operations (Python per node), so that a graph of
                               # a million cheap nodes counts as the minutes it takes
 NODE_COST = 3 << 10           # bytes a stored graph keeps per tensor (Node, its views), charged to --mem
@@ -839,7 +840,10 @@ class Server:
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self.connections: set[Connection] = set()
-        self.finished: list[Connection] = []      # closed connections, with their counts (for tests and stats)
+        # the last FINISHED_KEPT closed connections, with their counts (for tests and stats), and how many closed in
+        # all: keeping every one grew the server by ~1 KiB a connection for as long as it ran
+        self.finished: collections.deque = collections.deque(maxlen=FINISHED_KEPT)
+        self.n_finished = 0
         self._lock = threading.Lock()
         self._computer: tuple[int, _Scheduler] | None = None
 
@@ -929,6 +933,7 @@ class Server:
         with self._lock:
             self.connections.discard(conn)
             self.finished.append(conn)
+            self.n_finished += 1
 
     def serve_forever(self) -> None:
         if self._sock is None:

@@ -283,3 +283,17 @@ def test_threat_model_is_documented():
     doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "rpc.md")).read()
     for flag in ("--max-clients", "--idle-timeout", "--max-graph-work", "--max-graph-seconds", "--mem"):
         assert flag in doc.split("## Threat model", 1)[-1], flag
+
+
+def test_closed_connections_are_not_kept_forever():
+    """The server keeps the last FINISHED_KEPT closed connections (their counts) and a total, not every one: a
+    long-running server saw thousands of clients come and go (benchmarks.soak)."""
+    from refimpl.rpc import Server
+    from refimpl.rpc.server import FINISHED_KEPT
+    with Server("127.0.0.1", 0) as srv:
+        for _ in range(FINISHED_KEPT + 40):
+            Client("127.0.0.1", srv.port, timeout=10).close()
+        t0 = time.monotonic()
+        while srv.n_finished < FINISHED_KEPT + 40 and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        assert srv.n_finished == FINISHED_KEPT + 40 and len(srv.finished) == FINISHED_KEPT

@@ -138,7 +138,7 @@ def test_fuzz_every_command(fuzz_server):
         buf, _ = c.alloc_buffer(1 << 16)
         base = c.buffer_get_base(buf)
         c.set_tensor(T(99, "f32", [1 << 14], buf, base), rng.standard_normal(1 << 14).astype(np.float32).tobytes())
-        done_before = len(srv.finished)
+        done_before = srv.n_finished
         frame, close = mutate(rng, int(cmd), valid_payloads(buf, base)[cmd], kind)
         try:
             c.sock.sendall(frame)
@@ -147,9 +147,9 @@ def test_fuzz_every_command(fuzz_server):
             outcome = "closed"
         c.close()
         t0 = time.monotonic()
-        while len(srv.finished) <= done_before and time.monotonic() - t0 < 5.0:
+        while srv.n_finished <= done_before and time.monotonic() - t0 < 5.0:
             time.sleep(0.002)
-        if len(srv.finished) <= done_before:
+        if srv.n_finished <= done_before:
             outcome = "hang"
         outcomes[(cmd.name, kind, outcome)] += 1
         COUNTS[outcome] += 1

@@ -17,9 +17,9 @@ T = Client.tensor
 
 def wait_closed(server, n=1, timeout=5.0):
     t0 = time.monotonic()
-    while len(server.finished) < n and time.monotonic() - t0 < timeout:
+    while server.n_finished < n and time.monotonic() - t0 < timeout:
         time.sleep(0.01)
-    return server.finished
+    return list(server.finished)
 
 
 def test_hello_and_device_queries(client, server):
