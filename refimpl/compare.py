@@ -737,13 +737,8 @@ def cli(args) -> int:
 def _compare_op_tool(op: str, numerics: str, n_cases: int, seed: int) -> int:
     """`compare --op`: the per-op comparison belongs to the test toolkit (its op cases need hypothesis and
     the ggml-python oracle), run as a program of its own so that the library never imports refimpl.testing."""
-    import importlib.util
     import subprocess
     import sys
-    if importlib.util.find_spec("refimpl.testing") is None or importlib.util.find_spec("hypothesis") is None:
-        print("refimpl: error: compare --op needs the test toolkit (hypothesis and the ggml-python oracle): "
-              "pip install 'refimpl[test]'", file=sys.stderr)
-        return 1
     out = subprocess.run([sys.executable, "-m", "refimpl.testing.compare_op", op, "--numerics", numerics,
                           "--cases", str(n_cases), "--seed", str(seed)], capture_output=True, text=True, check=False)
     missing = re.search(r"^ModuleNotFoundError: No module named '([\w.]+)'", out.stderr, re.M)

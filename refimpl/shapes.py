@@ -55,6 +55,8 @@ def ne_nb(x) -> tuple[list[int], list[int], int]:
 def rows_packed(x) -> bool:
     """ggml_is_contiguous_rows: nb0 == type size, a row's elements adjacent (a QTensor's always are; an empty
     tensor's rows are taken as packed)."""
+    if type(x) is np.ndarray:       # the same answer from NumPy's own attributes, ~30x cheaper (ops call it per call)
+        return x.ndim == 0 or x.size == 0 or x.shape[-1] <= 1 or x.strides[-1] == x.itemsize
     ne, nb, ts = ne_nb(x)
     return nb[0] == ts or 0 in ne
 
@@ -62,6 +64,8 @@ def rows_packed(x) -> bool:
 def is_contiguous(x) -> bool:
     """ggml_is_contiguous: every dim packed over the one below it (size-1 dims' strides ignored; an empty
     tensor is taken as contiguous, as NumPy does)."""
+    if type(x) is np.ndarray:       # NumPy's flag ignores size-1 dims' strides, as ggml does: the same answer
+        return bool(x.flags.c_contiguous)
     ne, nb, ts = ne_nb(x)
     if 0 in ne:
         return True
@@ -72,6 +76,8 @@ def is_contiguous(x) -> bool:
 def is_contiguous_1(x) -> bool:
     """ggml_is_contiguous_1 (= ggml_is_padded_1d): rows packed, dims 2 and 3 packed over dim 1, whose stride
     is free (rows may be padded)."""
+    if type(x) is np.ndarray and x.ndim <= 2:   # dims 2, 3 are 1, packed by definition: only nb0 counts
+        return x.ndim == 0 or x.shape[-1] == 1 or x.strides[-1] == x.itemsize
     ne, nb, ts = ne_nb(x)
     return nb[0] == ts and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
 
@@ -80,6 +86,8 @@ def is_transposed(x) -> bool:
     """ggml_is_transposed: nb0 > nb1 (for a tensor with more than one element along both)."""
     if hasattr(x, "traits") or len(getattr(x, "shape", ())) < 2:
         return False
+    if type(x) is np.ndarray:       # the same answer from NumPy's strides
+        return x.size > 0 and x.shape[-1] > 1 and x.shape[-2] > 1 and x.strides[-1] > x.strides[-2]
     ne, nb, _ = ne_nb(x)
     return ne[0] > 1 and ne[1] > 1 and 0 not in ne and nb[0] > nb[1]
 

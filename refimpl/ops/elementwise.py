@@ -439,8 +439,8 @@ def gelu_erf(a):
 
 
 SQRT_2_INV = f32(0.70710678118654752440084436210484)
-_SQRT_2_OVER_PI = f32(0.79788456080286535587989211986876)
-_GELU_COEF_A = f32(0.044715)
+SQRT_2_OVER_PI = f32(0.79788456080286535587989211986876)
+GELU_COEF_A = f32(0.044715)
 _GELU_QUICK_COEF = f32(-1.702)
 
 
@@ -458,17 +458,17 @@ def gelu_table() -> np.ndarray:
     """
     x = f16_to_f32(np.arange(65536, dtype=np.uint16).view(np.float16))
     with np.errstate(all="ignore"):
-        y = _gelu_tanh(x)
+        y = gelu_tanh_f32(x)
     return f16_bits(y).view(np.float16)
 
 
-def _gelu_tanh(x):
+def gelu_tanh_f32(x):
     """ggml_gelu_f32: 0.5*x*(1 + tanhf(sqrt(2/pi)*x*(1 + 0.044715*x*x))), f32 steps, the inner sum one FMA."""
-    inner = _SQRT_2_OVER_PI * x * fma32(_GELU_COEF_A * x, x, f32(1))
+    inner = SQRT_2_OVER_PI * x * fma32(GELU_COEF_A * x, x, f32(1))
     return f32(0.5) * x * (f32(1) + libm_f32(np.tanh, inner))
 
 
-def _gelu_quick(x):
+def gelu_quick_f32(x):
     """ggml_gelu_quick_f32: x * (1 / (1 + expf(-1.702*x))), f32 steps."""
     return x * (f32(1) / (f32(1) + expf_f32(_GELU_QUICK_COEF * x)))
 
@@ -478,11 +478,11 @@ def gelu_quick_table() -> np.ndarray:
     """ggml-cpu's GELU_QUICK table: T[h] = fl16(x * (1 / (1 + expf(-1.702*x)))), x the f16 value h, f32 steps."""
     x = f16_to_f32(np.arange(65536, dtype=np.uint16).view(np.float16))
     with np.errstate(all="ignore"):
-        y = _gelu_quick(x)
+        y = gelu_quick_f32(x)
     return f16_bits(y).view(np.float16)
 
 
-def _lookup(table: np.ndarray, x: np.ndarray) -> np.ndarray:
+def f16_table_lookup(table: np.ndarray, x: np.ndarray) -> np.ndarray:
     """table[bits of fl16(x)] as f32: the input rounded to f16 (inf beyond its range), the output f16-exact."""
     return f16_to_f32(table[f16_bits(x)])
 
@@ -505,7 +505,7 @@ def gelu(a):
     x, t = load_f32("gelu", a)
     check_layout("gelu", "rows", a=a)
     with np.errstate(all="ignore"):
-        y = _gelu_tanh(x)
+        y = gelu_tanh_f32(x)
     return store_as(y, t)
 
 
@@ -522,7 +522,7 @@ def gelu_quick(a):
     an f16 table (`gelu_quick_table`, no +-10 passthrough: inputs beyond f16's range become +-inf first), which
     the ggml numerics profile reproduces.
     """
-    return map_unary("gelu_quick", a, _gelu_quick)
+    return map_unary("gelu_quick", a, gelu_quick_f32)
 
 
 @op("xielu", covers="UNARY:XIELU")
@@ -635,7 +635,7 @@ def reglu(a, b=None, *, swapped: bool = False):
 
 @op("geglu", covers="GLU:GEGLU")
 def geglu(a, b=None, *, swapped: bool = False):
-    return map_glu("geglu", a, b, swapped, lambda x, g, t: _gelu_tanh(x) * g)
+    return map_glu("geglu", a, b, swapped, lambda x, g, t: gelu_tanh_f32(x) * g)
 
 
 @op("swiglu", covers="GLU:SWIGLU")
@@ -650,7 +650,7 @@ def geglu_erf(a, b=None, *, swapped: bool = False):
 
 @op("geglu_quick", covers="GLU:GEGLU_QUICK")
 def geglu_quick(a, b=None, *, swapped: bool = False):
-    return map_glu("geglu_quick", a, b, swapped, lambda x, g, t: _gelu_quick(x) * g)
+    return map_glu("geglu_quick", a, b, swapped, lambda x, g, t: gelu_quick_f32(x) * g)
 
 
 def cap_clamp(x, g, limit):

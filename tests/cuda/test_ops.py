@@ -355,11 +355,12 @@ def _ptx_compile():
 
 
 def test_kernels_compile_to_ptx_for_sm90(_ptx_compile):
-    """Every kernel of the five modules compiles to PTX for sm_90 (NVVM, without the simulator), and only
-    scale's fma(a, s, b) has an f32 FMA: no a*b + c of the reference was contracted."""
+    """Every kernel of the five modules compiles to PTX for sm_90 (NVVM, without the simulator), and only the
+    intended FMAs are there: scale's fma(a, s, b) and GELU's fma(0.044715*x, x, 1) (the reference's fma32, in
+    _unary and _glu): no other a*b + c of the reference was contracted."""
     out, err = _ptx_compile.communicate(timeout=300)
     assert _ptx_compile.returncode == 0, err[-3000:]
     lines = [line.split() for line in out.splitlines()]
     n_kernels = sum(len(__import__(f"refimpl.kernels.cuda.{m}", fromlist=["x"]).ptx_signatures()) for m in MODULES)
     assert len(lines) == n_kernels
-    assert {(m, k) for m, k, f in lines if f != "0"} == {("unary", "_scale")}
+    assert {(m, k) for m, k, f in lines if f != "0"} == {("unary", "_scale"), ("unary", "_unary"), ("unary", "_glu")}

@@ -34,9 +34,9 @@ def test_bf16_unary_is_the_f32_formula_of_the_widened_values_rounded_once(op):
     assert isinstance(out, QTensor) and out.type == refimpl.GGMLType.BF16 and out.shape == x.shape
     xv = dequantize(q)
     if op in (gelu, gelu_quick):       # the f32 paths go through ggml-cpu's f16 table; bf16 must not
-        from refimpl.ops.elementwise import _gelu_quick, _gelu_tanh
+        from refimpl.ops.elementwise import gelu_quick_f32, gelu_tanh_f32
         with np.errstate(all="ignore"):
-            want = (_gelu_tanh if op is gelu else _gelu_quick)(xv)
+            want = (gelu_tanh_f32 if op is gelu else gelu_quick_f32)(xv)
     else:
         want = op(xv)
     np.testing.assert_array_equal(dequantize(out), _bf16_values(want))

@@ -23,7 +23,6 @@ the NumPy reference on host copies (`fallback`), which also raises its errors.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -127,38 +126,6 @@ else:
         return libdevice.sin(np.float64(x))
 
 
-@cuda.jit(device=True)
-def f16_bits(u):
-    """ggml's f32 -> f16 bits (refimpl.rounding.f16_bits) of the f32 with bits u, in integer code:
-    round to nearest even, overflow to inf, NaN -> sign | 0x7E00."""
-    x = np.int64(u)
-    sign = (x >> 16) & 0x8000
-    ax = x & 0x7FFFFFFF
-    if ax > 0x7F800000:
-        return sign | 0x7E00
-    if ax >= 0x477FF000:                        # >= 65520 rounds to inf
-        return sign | 0x7C00
-    if ax >= 0x38800000:                        # a normal f16
-        h = (((ax >> 23) - 112) << 10) | ((ax >> 13) & 0x3FF)
-        rem = ax & 0x1FFF
-        if rem > 0x1000 or (rem == 0x1000 and (h & 1) != 0):
-            h += 1
-        return sign | h
-    e = ax >> 23                                # an f16 subnormal: round(|v| * 2^24) to nearest even
-    if e == 0:
-        return sign
-    s = 126 - e
-    if s >= 25:
-        return sign
-    m = (ax & 0x7FFFFF) | 0x800000
-    q = m >> s
-    rem = m & ((np.int64(1) << s) - 1)
-    half = np.int64(1) << (s - 1)
-    if rem > half or (rem == half and (q & 1) != 0):
-        q += 1
-    return sign | q
-
-
 # -- host side helpers shared by the CUDA modules -------------------------------------------------------------
 
 def fallback(ref, *args, **kwargs):
@@ -189,16 +156,6 @@ def flat(x):
     return x.reshape(x.size)
 
 
-def as_u32(x):
-    """A C-contiguous f32 device array's bits as a 1-D uint32 view."""
-    return flat(x).view(np.uint32)
-
-
-@functools.lru_cache(maxsize=None)
-def _no_table():
-    return cuda.to_device(np.zeros(1, np.float32))
-
-
 # -- device math of one element ---------------------------------------------------------------------------
 
 ADD, SUB, MUL, DIV = 0, 1, 2, 3
@@ -207,7 +164,6 @@ SWIGLU, GEGLU, REGLU = 0, 1, 2
 ONE = np.float32(1.0)
 ZERO = np.float32(0.0)
 HALF = np.float32(0.5)
-TEN = np.float32(10.0)
 SQRT_2_INV = ref_ew.SQRT_2_INV
 
 
@@ -216,25 +172,24 @@ def silu(x):
     return x / fadd(ONE, np.float32(dexp(-x)))
 
 
-SQRT_2_OVER_PI = ref_ew._SQRT_2_OVER_PI
-GELU_COEF_A = ref_ew._GELU_COEF_A
+SQRT_2_OVER_PI = ref_ew.SQRT_2_OVER_PI
+GELU_COEF_A = ref_ew.GELU_COEF_A
 
 
 @cuda.jit(device=True)
-def gelu(x, u, tab):
-    """ggml's tanh-approximation GELU in the reference's f32 steps (refimpl.ops.elementwise._gelu_tanh):
-    0.5*x*(1 + tanh(sqrt(2/pi)*x*fma(0.044715*x, x, 1))), tanh the f64 function rounded once. (u, tab: unused,
-    the signature the GLU kernel shares.)"""
+def gelu(x):
+    """ggml's tanh-approximation GELU in the reference's f32 steps (refimpl.ops.elementwise.gelu_tanh_f32):
+    0.5*x*(1 + tanh(sqrt(2/pi)*x*fma(0.044715*x, x, 1))), tanh the f64 function rounded once."""
     inner = fmul(fmul(SQRT_2_OVER_PI, x), ffma(fmul(GELU_COEF_A, x), x, ONE))
     return fmul(fmul(HALF, x), fadd(ONE, np.float32(dtanh(inner))))
 
 
 @cuda.jit(device=True)
-def _unary_one(kind, x, u, tab):
+def _unary_one(kind, x):
     if kind == SILU:
         return silu(x)
     if kind == GELU:
-        return gelu(x, u, tab)
+        return gelu(x)
     if kind == GELU_ERF:
         return fmul(fmul(HALF, x), fadd(ONE, np.float32(derf(fmul(x, SQRT_2_INV)))))
     if kind == RELU:
@@ -253,11 +208,11 @@ def _unary_one(kind, x, u, tab):
 
 
 @cuda.jit(device=True)
-def _glu_one(kind, x, u, g, tab):
+def _glu_one(kind, x, g):
     if kind == SWIGLU:
         return fmul(silu(x), g)
     if kind == GEGLU:
-        return fmul(gelu(x, u, tab), g)
+        return fmul(gelu(x), g)
     return fmul(x, g) if x > ZERO else ZERO
 
 
@@ -297,15 +252,15 @@ def _scale(a, s, b, has_b, out):
 
 
 @cuda.jit
-def _unary(kind, a, bits, tab, out):
+def _unary(kind, a, out):
     i = cuda.grid(1)
     if i >= out.shape[0]:
         return
-    out[i] = _unary_one(kind, a[i], bits[i], tab)
+    out[i] = _unary_one(kind, a[i])
 
 
 @cuda.jit
-def _glu(kind, x, xbits, g, tab, out, nc, xs, xo, gs, go):
+def _glu(kind, x, g, out, nc, xs, xo, gs, go):
     """out (rows, nc) flat; x element (r, c) at x[r*xs + xo + c], g's at g[r*gs + go + c]."""
     i = cuda.grid(1)
     if i >= out.shape[0]:
@@ -313,7 +268,7 @@ def _glu(kind, x, xbits, g, tab, out, nc, xs, xo, gs, go):
     r = i // nc
     c = i % nc
     k = r * xs + xo + c
-    out[i] = _glu_one(kind, x[k], xbits[k], g[r * gs + go + c], tab)
+    out[i] = _glu_one(kind, x[k], g[r * gs + go + c])
 
 
 # -- launchers -----------------------------------------------------------------------------------------------
@@ -376,8 +331,7 @@ def _unary_op(kind, ref, a):
     if da is None:
         return fallback(ref, a)
     out = cuda.device_array(da.shape, np.float32)
-    tab = _no_table()
-    _launch(_unary, da.size, kind, flat(da), as_u32(da), tab, flat(out))
+    _launch(_unary, da.size, kind, flat(da), flat(out))
     return out
 
 
@@ -419,8 +373,7 @@ def _glu_op(kind, ref, a, b, swapped):
         nc, x, g, xo, go, xs, gs = n, flat(da), flat(db), 0, 0, n, n
     out = cuda.device_array(shape[:-1] + (nc,), np.float32)
     if out.size:
-        tab = _no_table()
-        _launch(_glu, out.size, kind, x, as_u32(da), g, tab, flat(out), nc, xs, xo, gs, go)
+        _launch(_glu, out.size, kind, x, g, flat(out), nc, xs, xo, gs, go)
     return out
 
 
@@ -445,10 +398,10 @@ def reglu(a, b=None, *, swapped: bool = False):
 def ptx_signatures() -> list[tuple]:
     """(dispatcher, argument types) of every kernel here, as a real launch types them."""
     from numba import types
-    f1, u1, i8 = types.float32[::1], types.uint32[::1], types.int64
+    f1, i8 = types.float32[::1], types.int64
     return [
         (_binary, (i8, f1, f1, f1, i8, i8, i8, i8, i8, i8, i8)),
         (_scale, (f1, types.float32, types.float32, types.boolean, f1)),
-        (_unary, (i8, f1, u1, f1, f1)),
-        (_glu, (i8, f1, u1, f1, f1, f1, i8, i8, i8, i8, i8)),
+        (_unary, (i8, f1, f1)),
+        (_glu, (i8, f1, f1, f1, i8, i8, i8, i8, i8)),
     ]

@@ -197,16 +197,16 @@ def _gelu_cpu(x, t):
     """ggml_vec_gelu_f32 / _f16: f32: 0 if x <= -10, x if x >= 10, else T[fl16(x)]; f16: T[x]; bf16: the formula
     in f32 steps (ggml_vec_gelu_bf16 has no table)."""
     if t == "bf16":
-        return ew._gelu_tanh(x)
+        return ew.gelu_tanh_f32(x)
     if t == "f16":
-        return ew._lookup(ew.gelu_table(), x)
-    return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x, ew._lookup(ew.gelu_table(), x)))
+        return ew.f16_table_lookup(ew.gelu_table(), x)
+    return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x, ew.f16_table_lookup(ew.gelu_table(), x)))
 
 
 def _gelu_quick_cpu(x, t):
     """ggml_vec_gelu_quick_f32 / _f16: T[fl16(x)] always (inputs past f16's range become +-inf first); bf16: the
     formula."""
-    return ew._gelu_quick(x) if t == "bf16" else ew._lookup(ew.gelu_quick_table(), x)
+    return ew.gelu_quick_f32(x) if t == "bf16" else ew.f16_table_lookup(ew.gelu_quick_table(), x)
 
 
 def gelu(a):
@@ -226,7 +226,7 @@ def geglu(a, b=None, *, swapped: bool = False):
     def act(x, g, t):
         if t == "f32":
             return np.where(x <= f32(-10), f32(0), np.where(x >= f32(10), x * g,
-                                                            ew._lookup(ew.gelu_table(), x) * g))
+                                                            ew.f16_table_lookup(ew.gelu_table(), x) * g))
         return _gelu_cpu(x, t) * g
     return map_glu("geglu", a, b, swapped, act)
 
