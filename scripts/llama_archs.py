@@ -78,10 +78,10 @@ def run(paths: list[Path], numerics: str, tokens: list[int]) -> list[dict]:
             row = {"model": p.stem}
             try:
                 theirs = run_llama_cpp(p, tokens, capture=False, rpc=ref_endpoint)
-                before = len(srv.finished)
+                before = srv.n_finished
                 ours = run_llama_cpp(p, tokens, capture=False, rpc=f"127.0.0.1:{srv.port}")
                 time.sleep(0.05)
-                conns = srv.finished[before:]
+                conns = srv.finished_since(before)
                 computed, refused = collections.Counter(), collections.Counter()
                 for c in conns:
                     computed.update(c.computed)

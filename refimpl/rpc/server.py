@@ -935,6 +935,12 @@ class Server:
             self.finished.append(conn)
             self.n_finished += 1
 
+    def finished_since(self, n_before: int) -> list[Connection]:
+        """The connections that closed after `n_finished` was `n_before` (those still kept: the last FINISHED_KEPT)."""
+        with self._lock:
+            n = min(self.n_finished - n_before, len(self.finished))
+            return list(self.finished)[len(self.finished) - n:] if n > 0 else []
+
     def serve_forever(self) -> None:
         if self._sock is None:
             self.start()

@@ -297,3 +297,7 @@ def test_closed_connections_are_not_kept_forever():
         while srv.n_finished < FINISHED_KEPT + 40 and time.monotonic() - t0 < 30:
             time.sleep(0.01)
         assert srv.n_finished == FINISHED_KEPT + 40 and len(srv.finished) == FINISHED_KEPT
+        # what callers read: the ones closed since a count, as far back as they are kept
+        assert srv.finished_since(srv.n_finished - 3) == list(srv.finished)[-3:]
+        assert srv.finished_since(srv.n_finished) == []
+        assert len(srv.finished_since(0)) == FINISHED_KEPT
