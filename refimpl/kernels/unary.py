@@ -1,21 +1,23 @@
-"""silu, gelu, sigmoid, exp, relu, swiglu, geglu with Numba (f32): the reference's f32 steps element by element
-(gelu and geglu: ggml-cpu's f16 table, registered for the ggml profile only; the exact op is the formula).
+"""silu, gelu, sigmoid, exp, relu, swiglu, geglu with Numba (f32): the reference's f32 steps element by element.
 
 Versions:
     silu    x / (1 + fl(exp(f64(-x))))                                  (refimpl.ops.elementwise._silu)
-    gelu    0 if x <= -10, x if x >= 10, else T[f16 bits of x] as f32   (T = elementwise.gelu_table())
+    gelu    0.5*x*(1 + fl(tanh(f64(s*x*fma(a*x, x, 1)))))  f32 steps   (elementwise.gelu_tanh_f32; the op)
+    gelu    0 if x <= -10, x if x >= 10, else T[f16 bits of x] as f32   (T = elementwise.gelu_table(); ggml-cpu's,
+            registered for the ggml profile only)
     sigmoid 1 / (1 + fl(exp(f64(-x))));  exp  fl(exp(f64(x)));  relu  x if x > 0 else +0 (NaN -> +0)
-    swiglu  silu(x) * g;   geglu  0 if x <= -10, x*g if x >= 10, else T[fl16(x)] * g
-bias_gelu_ (refimpl.models.bert) adds a bias in place and applies gelu (act=True), the ops' bits.
-Elements are split over threads; gelu looks up 16 at a time (`simd.vgelu16`: the hardware f32 -> f16
+    swiglu  silu(x) * g;   geglu  gelu(x) * g, either gelu as the profile has it
+add_bias_ adds a bias in place (the add op's bits; mul_mat_add and mul_mat_add_gelu, refimpl.models.bert's FFN).
+Elements are split over threads; the table gelu looks up 16 at a time (`simd.vgelu16`: the hardware f32 -> f16
 conversion, which rounds as ggml's does, NaN lanes given ggml's sign | 0x7E00). exp is `vexp.exp32_into`
-(vectorized, libm's f64 exp rounded to f32 bit for bit) where the reference rounds NumPy's f64 exp: the f32
-values agree except where their f64 ulp straddles an f32 rounding boundary. f16 / bf16 inputs and
-non-contiguous layouts run the NumPy reference.
+(vectorized, libm's f64 exp rounded to f32 bit for bit) where the reference rounds NumPy's f64 exp, and the
+formula gelu's tanh is libm's f64 tanh where the reference has NumPy's: the f32 values agree except where their
+f64 ulp straddles an f32 rounding boundary. f16 / bf16 inputs and non-contiguous layouts run the NumPy reference.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numba import njit
@@ -26,11 +28,13 @@ from ..dispatch import register
 from ..shapes import ne4
 from ..rounding import f16_to_f32
 from ._common import f16_bits, parallel_ranges
-from .vexp import exp32_into
+from .vexp import exp32_into, tanh_poly
 from .simd import vgelu16
+from .faithful import fma32
 
 PAR_MIN = 1 << 16       # elements per thread at least
-SILU, GELU, SIGMOID, EXP, RELU = 0, 1, 2, 3, 4
+SILU, GELU, SIGMOID, EXP, RELU, GELU_TABLE = 0, 1, 2, 3, 4, 5
+_S, _A = ref_ew.SQRT_2_OVER_PI, ref_ew.GELU_COEF_A       # f32 constants of the formula
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,6 +51,33 @@ def _silu_into(x, o):
     exp32_into(x, o, n, -1.0)
     for i in range(n):
         o[i] = x[i] / (np.float32(1.0) + o[i])
+
+
+@njit(inline="always")
+def _gelu_inner(x):
+    """The f64 argument of the formula GELU's tanh: s*x*fma(a*x, x, 1) in f32 steps."""
+    return np.float64(_S * x * fma32(_A * x, x, np.float32(1.0)))
+
+
+@njit(inline="always")
+def _gelu_formula_into(x, o):
+    """o = elementwise.gelu_tanh_f32(x) over 1-D x, o of one size (o may be x): the same f32 operations in the
+    same order, tanh(f64) rounded once -- `vexp.tanh_poly` in a loop LLVM vectorizes, then libm's tanh for
+    the elements it cannot decide (read again from x, so not in place then: those are recomputed from a copy)."""
+    n = x.size
+    src = x.copy() if x is o else x
+    bad = 0
+    for i in range(n):
+        v = src[i]
+        t, ok = tanh_poly(_gelu_inner(v))
+        o[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(t))
+        bad += 0 if ok else 1
+    if bad:
+        for i in range(n):
+            v = src[i]
+            y = _gelu_inner(v)
+            if not tanh_poly(y)[1]:
+                o[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(y)))
 
 
 @njit(inline="always")
@@ -77,6 +108,8 @@ def _unary(kind, x, tab, out, lo, hi):
     if kind == SILU:
         _silu_into(xs, o)
     elif kind == GELU:
+        _gelu_formula_into(xs, o)
+    elif kind == GELU_TABLE:
         _gelu_into(xs, tab, o)
     elif kind == SIGMOID:                  # fl(exp(-x)) first (vectorized, libm's bits), then 1 / (1 + e)
         exp32_into(xs, o, n, -1.0)
@@ -101,7 +134,13 @@ def _glu(kind, x, g, tab, out, lo, hi):
             for i in range(n):
                 o[i] = o[i] * gr[i]
             continue
-        for i in range(n):
+        if kind == GELU:                   # gelu(x), then the products
+            gr, o = g[r], out[r]
+            _gelu_formula_into(x[r], o)
+            for i in range(n):
+                o[i] = o[i] * gr[i]
+            continue
+        for i in range(n):                 # GELU_TABLE
             v = x[r, i]
             if v <= np.float32(-10.0):
                 out[r, i] = np.float32(0.0)
@@ -132,11 +171,17 @@ def silu(a):
     return _apply(SILU, a) if _f32c(a) else ref_ew.silu.reference(a)
 
 
-@register("gelu", backend="numba", numerics="ggml")
+@register("gelu", backend="numba")
 def gelu(a):
+    """ggml_gelu (see refimpl.ops.elementwise.gelu), the formula, in Numba."""
+    return _apply(GELU, a) if _f32c(a) else ref_ew.gelu.reference(a)
+
+
+@register("gelu", backend="numba", numerics="ggml")
+def gelu_table(a):
     """ggml-cpu's gelu (refimpl.kernels.ggml.ops.gelu) in Numba, through its f16 table: the ggml profile's
     (the exact op is the formula, refimpl.ops.elementwise.gelu)."""
-    return _apply(GELU, a) if _f32c(a) else NotImplemented
+    return _apply(GELU_TABLE, a) if _f32c(a) else NotImplemented
 
 
 @register("sigmoid", backend="numba")
@@ -189,41 +234,44 @@ def swiglu(a, b=None, *, swapped: bool = False):
     return _glu_apply(SILU, a, b, swapped)
 
 
-@register("geglu", backend="numba", numerics="ggml")
+@register("geglu", backend="numba")
 def geglu(a, b=None, *, swapped: bool = False):
+    """ggml_geglu (see refimpl.ops.elementwise.geglu), the GELU formula, in Numba."""
+    if not _glu_covered(a, b):
+        return ref_ew.geglu.reference(a, b, swapped=swapped)
+    return _glu_apply(GELU, a, b, swapped)
+
+
+@register("geglu", backend="numba", numerics="ggml")
+def geglu_table(a, b=None, *, swapped: bool = False):
     """ggml-cpu's geglu in Numba, through its f16 GELU table: the ggml profile's (see gelu)."""
     if not _glu_covered(a, b):
         return NotImplemented
-    return _glu_apply(GELU, a, b, swapped)
+    return _glu_apply(GELU_TABLE, a, b, swapped)
 
 
 # -- a projection's bias and GELU fused (refimpl.models.bert's FFN) --------------------------------------------
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _bias_gelu(y, bias, tab, act, out, lo, hi):
-    """Rows lo..hi-1 of y (rows, n) into out (may be y itself): out = fl(y + bias), then with act
-    out = gelu(out) as `_unary` computes it."""
+def _add_bias(y, bias, lo, hi):
+    """Rows lo..hi-1 of y (rows, n): y = fl(y + bias), in place."""
     n = y.shape[1]
     for r in range(lo, hi):
-        row, o = y[r], out[r]
+        row = y[r]
         for i in range(n):
-            o[i] = row[i] + bias[i]
-        if act:
-            _gelu_into(o, tab, o)
+            row[i] = row[i] + bias[i]
 
 
-def bias_gelu_(y, bias, act: bool = True):
-    """y <- gelu(add(y, bias)) in place, the bits of add and of ggml-cpu's gelu (its f16 table, the ggml profile's);
-    act=False: y <- add(y, bias) only. y (rows, n) f32 C-contiguous, a temporary the caller owns (a
-    projection's output); bias (n,) f32. Returns y, or None for operands it does not cover (y untouched;
-    the caller runs the ops)."""
+def add_bias_(y, bias):
+    """y <- add(y, bias) in place, the add op's bits. y (rows, n) f32 C-contiguous, a temporary the caller owns
+    (a projection's output); bias (n,) f32. Returns y, or None for operands it does not cover (y untouched;
+    the caller runs the op)."""
     if not (isinstance(y, np.ndarray) and y.dtype == np.float32 and y.ndim == 2 and y.size and y.flags.c_contiguous
             and isinstance(bias, np.ndarray) and bias.dtype == np.float32 and bias.shape == (y.shape[1],)):
         return None
     b = np.ascontiguousarray(bias)
-    tab = gelu_table_f32()
     rows, n = y.shape
-    parallel_ranges(lambda lo, hi: _bias_gelu(y, b, tab, act, y, lo, hi), rows, max(1, PAR_MIN // n))
+    parallel_ranges(lambda lo, hi: _add_bias(y, b, lo, hi), rows, max(1, PAR_MIN // n))
     return y
 
 
@@ -232,7 +280,7 @@ def mul_mat_add_gelu(a, b, bias):
     """refimpl.ops.fused.mul_mat_add_gelu: the product (mul_mat's kernels), the bias added in place on that
     product, which this function owns (the add op's bits), then the gelu op of the active profile."""
     y = ops.mul_mat(a, b)
-    if bias_gelu_(y, bias, act=False) is None:
+    if add_bias_(y, bias) is None:
         return ops.gelu(ops.add(y, bias))
     return ops.gelu(y)
 
@@ -244,6 +292,6 @@ def mul_mat_add(a, b, bias=None):
     y = ops.mul_mat(a, b)
     if bias is None:
         return y
-    if bias_gelu_(y, bias, act=False) is None:
+    if add_bias_(y, bias) is None:
         return ops.add(y, bias)
     return y

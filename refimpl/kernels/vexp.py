@@ -19,8 +19,15 @@ Why that gives libm's bits: libm's exp is within 1 ulp of e^x and y within 4, so
 most 5 f64 ulps; an f32 rounding boundary between them would lie within 5 ulps of y, and every y that
 close to one (2^6 ulps margin) took the libm path. tests/kernels/test_vexp.py checks it against NumPy's
 f64 exp on 10^7 drawn and on special inputs.
+
+`tanh_poly` does the same for fl32(tanh(f64 y)) (the formula GELU's tanh): y, tanh(y) odd, on a = |y|: below
+2^-4 its Taylor polynomial to a^13 (truncation < 2^-64 relative), above (E - 1) / (E + 1) with E = `_exp_poly`(2a)
+(a clamped at 20, where tanh is 1 in f64), whose cancellation in E - 1 leaves it within 2^-46.5 relative, under
+2^7 f64 ulps; TANH_MARGIN is 2^10 ulps, so about one element in 2^18 takes libm's tanh.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from llvmlite import ir
@@ -96,6 +103,31 @@ def _exp_poly(x):
     ok = (plain & ((low > MARGIN) | (low < -MARGIN))) | (x < -104.0) | (x > 89.0)
     y = 0.0 if x < -104.0 else (np.inf if x > 89.0 else y)
     return y, ok
+
+
+TANH_MARGIN = 1 << 10                        # f64 ulps around an f32 rounding boundary that go to libm's tanh
+_TANH_SMALL = 0.0625
+_TANH_COEFFS = (21844.0 / 6081075.0, -1382.0 / 155925.0, 62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0)
+_TANH_C3 = -1.0 / 3.0
+
+
+@njit(inline="always")
+def tanh_poly(y):
+    """(t, ok): t within 2^-46.5 relative of tanh(y) for f64 y (see the module); ok = t decides fl32(tanh(y))
+    (false for NaN). A loop of these vectorizes (no calls, branches as selects)."""
+    a = abs(y)
+    z = a * a
+    p = _TANH_COEFFS[0]
+    for c in _TANH_COEFFS[1:]:
+        p = p * z + c
+    p = p * z + _TANH_C3
+    small = a + (a * z) * p
+    e = _exp_poly(2.0 * (a if a < 20.0 else 20.0))[0]
+    big = (e - 1.0) / (e + 1.0)
+    t = small if a < _TANH_SMALL else big
+    low = (_bits(t) & LO29) - HALF29
+    ok = ((low > TANH_MARGIN) | (low < -TANH_MARGIN)) & (a == a)
+    return math.copysign(t, y), ok
 
 
 @intrinsic
@@ -194,3 +226,22 @@ def exp32_into(src, dst, n, sign):
 def exp32(src, dst):
     """`exp32_into` over whole 1-D arrays (for tests and NumPy callers)."""
     return exp32_into(src, dst, src.shape[0], 1.0)
+
+
+@njit(cache=True, nogil=True)
+def tanh32(src, dst):
+    """dst[i] = fl32(tanh(f64(src[i]))), libm's bits: `tanh_poly`, then libm's tanh where it cannot decide (src and
+    dst different 1-D f32 arrays; for tests -- the GELU kernel inlines the same two passes). Returns how many
+    elements took libm's path."""
+    n = src.shape[0]
+    bad = 0
+    for i in range(n):
+        t, ok = tanh_poly(np.float64(src[i]))
+        dst[i] = np.float32(t)
+        bad += 0 if ok else 1
+    if bad:
+        for i in range(n):
+            y = np.float64(src[i])
+            if not tanh_poly(y)[1]:
+                dst[i] = np.float32(math.tanh(y))
+    return bad

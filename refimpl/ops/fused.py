@@ -39,14 +39,14 @@ def mul_mat_add(a, b, bias=None) -> np.ndarray:
 @op("mul_mat_add_gelu", covers=())
 def mul_mat_add_gelu(a, b, bias) -> np.ndarray:
     """ggml_gelu(ctx, ggml_add(ctx, ggml_mul_mat(ctx, a, b), bias)): BERT's FFN up projection, its bias, then
-    GELU (ggml's f16 table).
+    GELU (the profile's: the formula, or ggml-cpu's f16 table in ggml numerics).
 
     a     ne [k, n]   numpy (n, k)   the weight, any mul_mat type
     b     ne [k, m]   numpy (m, k)   f32 activations
     bias  ne [n]      numpy (n,)     f32
     out   ne [n, m]   numpy (m, n)   f32
 
-    Kernels: kernels/unary.py (numba: the bias and GELU in one pass, in place on the product it owns)."""
+    Kernels: kernels/unary.py (numba: the bias added in place on the product it owns, then the gelu kernel)."""
     return gelu(add(mul_mat(a, b), bias))
 
 

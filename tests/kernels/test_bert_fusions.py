@@ -2,8 +2,7 @@
 sequence it replaces (every f32 rounding, in its order):
 
     kernels.norm.add_norm_affine   add(norm(add(add(y, bias), res)) * w, b): a sublayer's tail
-    kernels.unary.bias_gelu_       gelu(add(y, bias)), in place: the FFN's up projection bias and activation;
-                                   add(y, bias) in place (act=False): the Q, K, V projections' biases
+    kernels.unary.add_bias_        add(y, bias), in place: the projections' biases (mul_mat_add, mul_mat_add_gelu)
 
 Drawn shapes, optional operands, non-finite values and edge values; and the model, which runs them in exact and
 fast numerics without a capture, gives exactly the states of its op path in exact numerics.
@@ -18,12 +17,12 @@ from tests._profiles import examples  # noqa: E402
 
 import refimpl  # noqa: E402
 import refimpl.kernels  # noqa: E402
-from refimpl.ops import add, gelu, mul, norm  # noqa: E402
+from refimpl.ops import add, gelu, mul, mul_mat, mul_mat_add_gelu, norm  # noqa: E402
 from refimpl.testing import assert_bits_equal  # noqa: E402
 
 refimpl.kernels.load()
 from refimpl.kernels.norm import add_norm_affine  # noqa: E402
-from refimpl.kernels.unary import bias_gelu_  # noqa: E402
+from refimpl.kernels.unary import add_bias_  # noqa: E402
 
 
 pytestmark = pytest.mark.equivalence
@@ -73,11 +72,11 @@ def test_add_norm_affine_declines_what_it_does_not_cover():
     assert add_norm_affine(y, v, y, v, v, -1.0) is None
 
 
-@pytest.mark.parametrize("act", [True, False])
+@pytest.mark.parametrize("numerics", ["exact", "ggml"])
 @settings(max_examples=examples(40), deadline=None)
 @given(rows=st.integers(1, 30), n=st.sampled_from([1, 5, 16, 31, 64, 1536]), seed=st.integers(0, 2 ** 32 - 1),
        sd=st.sampled_from([0.1, 3.0, 30.0]), special=st.booleans())
-def test_bias_gelu_has_the_op_sequence_bits(act, rows, n, seed, sd, special):
+def test_add_bias_and_mul_mat_add_gelu_have_the_op_sequence_bits(numerics, rows, n, seed, sd, special):
     rng = np.random.default_rng(seed)
     y = rng.normal(0, sd, (rows, n)).astype(np.float32)
     bias = rng.normal(0, sd, n).astype(np.float32)
@@ -85,19 +84,29 @@ def test_bias_gelu_has_the_op_sequence_bits(act, rows, n, seed, sd, special):
         edge = np.array([np.inf, -np.inf, np.nan, 10, -10, 9.999999, -9.999999, 0, -0.0, 65520], np.float32)
         y.reshape(-1)[rng.integers(0, y.size, 6)] = rng.choice(edge, 6)
         bias[rng.integers(0, n)] = rng.choice(edge)
-    with refimpl.backend("numba"), refimpl.numerics("ggml" if act else "exact"), np.errstate(all="ignore"):
-        want = gelu(add(y, bias)) if act else add(y, bias)        # act: ggml-cpu's table, which bias_gelu_ reads
+    with refimpl.backend("numpy"), np.errstate(all="ignore"):
+        want = add(y, bias)
     got = y.copy()
-    assert bias_gelu_(got, bias, act=act) is got
-    assert_bits_equal(got, want, f"bias_gelu_ ({rows}, {n}) act={act}")
+    assert add_bias_(got, bias) is got
+    assert_bits_equal(got, want, f"add_bias_ ({rows}, {n})")
+    # the fused op (the product, the bias in place, the profile's gelu kernel) against the op sequence in NumPy
+    w = rng.normal(0, 1, (n, 32)).astype(np.float32)
+    xin = rng.normal(0, 1, (rows, 32)).astype(np.float32)
+    with refimpl.numerics(numerics), np.errstate(all="ignore"):
+        with refimpl.backend("numba"):
+            prod = mul_mat(w, xin)
+            got = mul_mat_add_gelu(w, xin, bias)
+        with refimpl.backend("numpy"):
+            want = gelu(add(prod, bias))
+    assert_bits_equal(got, want, f"mul_mat_add_gelu ({rows}, {n}) {numerics}")
 
 
-def test_bias_gelu_declines_what_it_does_not_cover():
+def test_add_bias_declines_what_it_does_not_cover():
     y = np.ones((3, 4), np.float32)
     for args in ((y.astype(np.float16), np.ones(4, np.float32)), (y, np.ones(3, np.float32)),
                  (y[:, ::2], np.ones(2, np.float32)), (y, np.ones(4, np.float64))):
         before = np.array(args[0], copy=True)
-        assert bias_gelu_(*args) is None
+        assert add_bias_(*args) is None
         assert np.array_equal(args[0], before)
 
 

@@ -23,7 +23,7 @@ from refimpl.testing import assert_bits_equal, assert_nmse, named_cases, op_case
 pytestmark = pytest.mark.equivalence
 
 OPS_WITH_KERNELS = ["rms_norm", "norm", "soft_max_ext", "rope_ext", "rope_ext_back", "get_rows", "silu",
-                    "sigmoid", "exp", "relu", "swiglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
+                    "sigmoid", "exp", "relu", "swiglu", "gelu", "geglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
 # ggml-cpu's f16 GELU table in Numba: kernels of the ggml profile only (the exact op is the formula)
 GGML_PROFILE_KERNELS = ["gelu", "geglu"]
 N = max(10, settings().max_examples // 4)
@@ -137,21 +137,26 @@ def test_exp_fallback_reads_the_inputs(op):
     assert_bits_equal(got, ref, f"{op} with exps on libm's path")
 
 
-@pytest.mark.parametrize("n", [65536 + 5, 1 << 20])
-def test_gelu_vector_lookup_every_f16_and_bit_pattern(n):
-    """The GELU kernel's 16-lane table lookup (`simd.vgelu16`: hardware f32 -> f16 conversion, NaN lanes
-    set to ggml's sign | 0x7E00) gives the reference's bits on every f16 value (each table entry, both
-    sides of +-10), on random f32 bit patterns (NaNs with payloads, subnormals, values that round to f16
-    inf) and on a tail shorter than 16; the large size also runs split over threads."""
+@pytest.mark.parametrize("numerics", ["exact", "ggml"])
+@pytest.mark.parametrize("n", [65536 + 5, 1 << 20, 1 << 22])
+def test_gelu_every_f16_and_bit_pattern(n, numerics):
+    """Both GELU kernels on every f16 value, on random f32 bit patterns (NaNs with payloads, subnormals,
+    values that round to f16 inf) and normal draws, with a tail shorter than 16; the large sizes also run
+    split over threads. exact: the formula (`vexp.tanh_poly` vectorized, libm's tanh for the ~2^-18 it cannot
+    decide: the largest size has some) against NumPy's f64 tanh rounded once; ggml: the 16-lane table lookup
+    (`simd.vgelu16`: hardware f32 -> f16 conversion, NaN lanes set to ggml's sign | 0x7E00), both sides
+    of +-10, against the ggml profile's NumPy table."""
     rng = np.random.default_rng(n)
     every_f16 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
-    bits = rng.integers(0, 2 ** 32, n - every_f16.size, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    x = np.concatenate([every_f16, bits])
-    with refimpl.backend("numpy"), np.errstate(all="ignore"):
-        ref = refimpl.gelu(x)
-    with refimpl.backend("numba"):
-        got = refimpl.gelu(x)
-    assert_bits_equal(got, ref, f"gelu on {n} values")
+    m = n - every_f16.size
+    bits = rng.integers(0, 2 ** 32, m // 2, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([every_f16, bits, (rng.standard_normal(m - m // 2) * 3).astype(np.float32)])
+    with refimpl.numerics(numerics):
+        with refimpl.backend("numpy"), np.errstate(all="ignore"):
+            ref = refimpl.gelu(x)
+        with refimpl.backend("numba"):
+            got = refimpl.gelu(x)
+    assert_bits_equal(got, ref, f"gelu ({numerics}) on {n} values")
 
 
 @settings(max_examples=examples(N))
