@@ -9,7 +9,10 @@
 
 `covers` lists the ggml enum entries the function implements: "RMS_NORM" (enum ggml_op), "UNARY:GELU"
 (enum ggml_unary_op), "GLU:SWIGLU" (enum ggml_glu_op); the coverage report reads them. `check`, when given,
-validates the arguments once before any implementation runs.
+validates the arguments once before any implementation runs. A check that reads only the arguments' layouts
+(types, dtypes, shapes, strides) and scalar parameters, never array values, is declared `layout_check=True`:
+the dispatch then remembers the layouts it accepted (`_layout_key`) and skips the check for the next call with
+the same ones -- a model calls each op with a handful of layouts, thousands of times.
 
 Backends: "numpy" (the reference bodies only), "numba" (refimpl.kernels), "cuda" (refimpl.kernels.cuda);
 `with backend("numba"):` or REFIMPL_BACKEND. The default is "numba" when the numba package is installed
@@ -81,12 +84,38 @@ _backend = contextvars.ContextVar("refimpl_backend", default=_default_backend())
 _numerics = contextvars.ContextVar("refimpl_numerics", default=os.environ.get("REFIMPL_NUMERICS", "exact"))
 
 
+ACCEPTED_KEPT = 1024        # layouts an op remembers as accepted (then it forgets them all and starts again)
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def _layout_key(args: tuple, kwargs: dict):
+    """What a layout check reads of a call: each ndarray's dtype, shape and strides, each scalar's value and type,
+    what a class with a `layout_key()` method says of its objects (QTensor: type, shape, strides); kwargs by name.
+    None when an argument is anything else (a list, a device array): that call is checked in full."""
+    key = []
+    for a in (*args, *kwargs.values()):
+        t = type(a)
+        if t is np.ndarray:
+            key.append((a.dtype, a.shape, a.strides))
+        elif t in _SCALARS:
+            key.append((t, a))
+        else:
+            lk = getattr(t, "layout_key", None)
+            if lk is None:
+                return None
+            key.append((t, lk(a)))
+    if kwargs:
+        key.append(tuple(kwargs))
+    return tuple(key)
+
+
 @dataclass
 class OpInfo:
     name: str
     fn: Callable
     covers: tuple[str, ...]
     check: Callable | None = None
+    layout_check: bool = False             # the check reads layouts and scalars only: accepted ones are remembered
     impls: dict[tuple[str | None, str], Callable] = field(default_factory=dict)   # (backend|None, key) -> fn
     chains: dict[tuple[str, str], tuple] = field(default_factory=dict)             # (backend, profile) -> chain
 
@@ -133,17 +162,34 @@ def _chain(info: OpInfo, b: str, profile: str) -> tuple:
     return tuple(out)
 
 
-def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable | None = None):
+def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable | None = None,
+       layout_check: bool = False):
     """Register the NumPy reference of a ggml op; the returned wrapper validates (check) and dispatches.
-    Every op accepts `numerics=` (a profile name): the call then runs under that profile."""
+    Every op accepts `numerics=` (a profile name): the call then runs under that profile. layout_check: the
+    check reads layouts and scalars only (see the module), so accepted layouts are remembered."""
     # covers=None: the enum named like the op; covers=(): a composite with no enum of its own
     cov = (name.upper(),) if covers is None else (covers,) if isinstance(covers, str) else tuple(covers)
+    if layout_check and check is None:
+        raise ValueError(f"{name}: layout_check=True needs a check")
 
     def deco(fn):
-        info = OpInfo(name, fn, cov, check)
+        info = OpInfo(name, fn, cov, check, layout_check)
         OPS[name] = info
         chains = info.chains
         bget, nget = _backend.get, _numerics.get
+        accepted: set = set()
+
+        def checked(args, kwargs):
+            if not layout_check:
+                return check(*args, **kwargs)
+            key = _layout_key(args, kwargs)
+            if key is not None and key in accepted:
+                return
+            check(*args, **kwargs)
+            if key is not None:
+                if len(accepted) >= ACCEPTED_KEPT:
+                    accepted.clear()
+                accepted.add(key)
 
         @functools.wraps(fn)
         def wrapper(*args, numerics: str | None = None, **kwargs):
@@ -161,7 +207,7 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
                     if type(nd) is int and nd > 4:
                         ne4(a.shape)
                 if check is not None:
-                    check(*args, **kwargs)
+                    checked(args, kwargs)
                 key = (bget(), nget())
                 chain = chains.get(key)
                 if chain is None:
@@ -186,6 +232,7 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
                 return fn(*args, **kwargs)
         wrapper.reference = reference
         wrapper.op_info = info
+        wrapper.accepted_layouts = accepted        # for tests: what the layout check has accepted
         return wrapper
     return deco
 

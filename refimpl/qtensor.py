@@ -54,6 +54,10 @@ class QTensor:
             raise ValueError("QTensor rows must be contiguous bytes (data.strides[-1] == 1)")
         self.type, self.data, self.shape = t, data, shape
 
+    def layout_key(self) -> tuple:
+        """What a layout check reads of this tensor (refimpl.dispatch._layout_key): type, shape, the bytes' strides."""
+        return (self.type, self.shape, self.data.strides)
+
     @classmethod
     def from_bytes(cls, raw, type, shape) -> "QTensor":
         """Wrap raw ggml bytes (bytes, bytearray, memoryview or uint8 array) without copying."""

@@ -85,21 +85,9 @@ def check_weights(name: str, a) -> GGMLType:
     return ta
 
 
-_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 
 
 def _check_mul_mat(a, b) -> None:
-    # the common cases first, in well under a microsecond: a 2-D weight times packed f32 rows; an F32/F16
-    # batch of matrices (attention's heads, rows packed, not transposed) times f32 rows batched alike
-    if type(b) is np.ndarray and b.dtype == _F32 and 2 <= b.ndim <= 4 and (b.shape[-1] <= 1 or b.strides[-1] == 4):
-        if type(a) is QTensor:
-            if b.ndim == 2 and len(a.shape) == 2 and a.shape[1] == b.shape[1] and a.type in VEC_DOT_TYPE:
-                return
-        elif (type(a) is np.ndarray and a.ndim == b.ndim and a.shape[-1] == b.shape[-1] and a.dtype in (_F32, _F16)
-              and (a.shape[-1] <= 1 or a.strides[-1] == a.itemsize)
-              and not (a.shape[-2] > 1 and a.shape[-1] > 1 and a.strides[-1] > a.strides[-2])
-              and all(0 < n and m % n == 0 for n, m in zip(a.shape[:-2], b.shape[:-2]))):
-            return
     if not isinstance(b, QTensor):
         b = np.asarray(b)
     ta = check_weights("mul_mat", a)
@@ -109,7 +97,7 @@ def _check_mul_mat(a, b) -> None:
     _check_b("mul_mat", a, b, ta)
 
 
-@op("mul_mat", check=_check_mul_mat)
+@op("mul_mat", check=_check_mul_mat, layout_check=True)
 def mul_mat(a, b) -> np.ndarray:
     """ggml_mul_mat(ctx, a, b): dot every row of b with every row of a (C^T = A B^T).
 

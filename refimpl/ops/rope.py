@@ -166,12 +166,6 @@ def _check_rope(name, x, pos, freq_factors, n_dims, sections, mode) -> None:
 
 
 def _check_rope_ext(x, pos, freq_factors=None, *, n_dims, mode=ROPE_TYPE_NORMAL, **_) -> None:
-    # the common case first (llama's Q and K: f32 (n_tokens, n_head, head_dim), NORMAL or NEOX, no factors)
-    if (freq_factors is None and type(x) is np.ndarray and x.dtype == np.float32 and x.ndim == 3
-            and x.strides[-1] == 4 and type(pos) is np.ndarray and pos.dtype == np.int32 and pos.ndim == 1
-            and pos.shape[0] == x.shape[0] and type(n_dims) is int and 0 <= n_dims <= x.shape[-1]
-            and n_dims % 2 == 0 and mode in (ROPE_TYPE_NORMAL, ROPE_TYPE_NEOX)):
-        return
     _check_rope("rope_ext", x, pos, freq_factors, n_dims, None, mode)
 
 
@@ -203,7 +197,7 @@ def _rope(name, x, pos, freq_factors, n_dims, sections, mode, n_ctx_orig, freq_b
     return out.astype(x.dtype).reshape(x.shape)
 
 
-@op("rope_ext", covers="ROPE", check=_check_rope_ext)
+@op("rope_ext", covers="ROPE", check=_check_rope_ext, layout_check=True)
 def rope_ext(x, pos, freq_factors=None, *, n_dims: int, mode: int = ROPE_TYPE_NORMAL, n_ctx_orig: int = 0,
              freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
              beta_fast: float = 32.0, beta_slow: float = 1.0):

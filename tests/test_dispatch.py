@@ -1,0 +1,99 @@
+"""The dispatch's memo of accepted layouts (`op(..., layout_check=True)`): a check that reads only layouts and
+scalars runs once per layout; what it rejects stays rejected, whatever was accepted before."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import refimpl
+from refimpl import GGMLShapeError
+from refimpl.dispatch import ACCEPTED_KEPT, OPS, op
+from refimpl.testing import op_cases
+from tests._profiles import examples
+
+pytestmark = pytest.mark.property
+
+LAYOUT_CHECKED = ["mul_mat", "rms_norm", "norm", "rope_ext"]
+
+
+def _outcome(case):
+    with refimpl.backend("numpy"), np.errstate(all="ignore"):
+        try:
+            out = case.run()
+        except (GGMLShapeError, ValueError, TypeError) as e:
+            return type(e), str(e)
+    return "ok", np.asarray(getattr(out, "data", out)).tobytes()
+
+
+def test_the_layout_checked_ops_are_these():
+    """The ops whose checks were read and found to read layouts and scalars only (no index values)."""
+    assert sorted(n for n, info in OPS.items() if info.layout_check) == sorted(LAYOUT_CHECKED)
+
+
+@pytest.mark.parametrize("name", LAYOUT_CHECKED)
+@settings(max_examples=examples(40), deadline=None)
+@given(data=st.data())
+def test_a_case_gives_the_same_outcome_twice(name, data):
+    """Drawn cases (valid and invalid layouts) run twice: the second call, whose layout may now be remembered,
+    ends as the first did (the same error, or the same bytes)."""
+    case = data.draw(op_cases(name))
+    assert _outcome(case) == _outcome(case)
+
+
+def test_a_rejected_layout_stays_rejected():
+    """Rows packed, then the transposed view of the same array: accepted once does not mean accepted for a view
+    with other strides, nor for another dtype or eps."""
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for _ in range(3):
+        refimpl.rms_norm(x, 1e-6)
+        with pytest.raises(GGMLShapeError, match="rms_norm"):
+            refimpl.rms_norm(x.T, 1e-6)
+        with pytest.raises(GGMLShapeError, match="must be f32"):
+            refimpl.rms_norm(x.astype(np.float16), 1e-6)
+        with pytest.raises(GGMLShapeError, match="eps"):
+            refimpl.rms_norm(x, -1.0)
+    w = refimpl.quantize(np.ones((6, 32), np.float32), "q4_0")
+    b = np.ones((3, 32), np.float32)
+    for _ in range(3):
+        assert refimpl.mul_mat(w, b).shape == (3, 6)
+        with pytest.raises(GGMLShapeError, match="mul_mat"):
+            refimpl.mul_mat(w, np.ones((32, 3), np.float32).T)          # b's rows not contiguous
+        with pytest.raises(GGMLShapeError, match="mul_mat"):
+            refimpl.mul_mat(w, np.ones((3, 64), np.float32))
+
+
+def test_the_memo_is_bounded_and_remembers_what_it_accepted():
+    calls = []
+
+    def check(a, eps):
+        calls.append(a.shape)
+        if a.dtype != np.float32:
+            raise GGMLShapeError("probe: a must be f32")
+
+    @op("layout_probe", covers=(), check=check, layout_check=True)
+    def probe(a, eps):
+        return a
+
+    try:
+        x = np.ones((2, 3), np.float32)
+        probe(x, 0.5)
+        probe(x.copy(), 0.5)                         # the same layout: not checked again
+        probe(x, 0.25)                               # another scalar: checked
+        assert calls == [(2, 3), (2, 3)]
+        for _ in range(2):                           # rejected every time
+            with pytest.raises(GGMLShapeError):
+                probe(x.astype(np.float64), 0.5)
+        assert len(calls) == 4
+        for n in range(ACCEPTED_KEPT + 10):
+            probe(np.ones(n + 1, np.float32), 0.5)
+        assert len(probe.accepted_layouts) <= ACCEPTED_KEPT
+        n = len(calls)
+        probe(np.float32(1.0), 0.5)                  # not an ndarray, QTensor or scalar: checked every time
+        probe(np.float32(1.0), 0.5)
+        assert len(calls) == n + 2
+    finally:
+        del OPS["layout_probe"]
+
+
+def test_layout_check_needs_a_check():
+    with pytest.raises(ValueError, match="needs a check"):
+        op("layout_probe2", covers=(), layout_check=True)
