@@ -25,7 +25,7 @@ LAYER_OF = {
     "refimpl.models": "models", "refimpl.tokenizers": "models", "refimpl.tokenizer": "models",
     "refimpl.chat": "models", "refimpl.sampling": "models",
     "refimpl.compare": "tools", "refimpl.check": "tools", "refimpl.report": "tools", "refimpl.__main__": "tools",
-    "refimpl.conformance": "tools", "refimpl.cliargs": "tools",
+    "refimpl.conformance": "tools", "refimpl.cliargs": "tools", "refimpl.textgen": "tools",
     "refimpl.rpc": "tools", "refimpl.convert": "tools", "refimpl.fetch": "tools", "refimpl.requantize": "tools",
     "refimpl.testing": "testing",
 }
@@ -309,7 +309,7 @@ def test_model_families_are_told_apart_by_the_registry():
         for arch in mod.ARCHS:
             assert family(arch) is mod, arch
     assert set(FAMILIES) >= set(llama.ROPE_MODE) | set(gemma3.ARCHS) | set(gpt_oss.ARCHS)
-    for name in ("refimpl/__main__.py", "refimpl/compare.py"):
+    for name in ("refimpl/__main__.py", "refimpl/textgen.py", "refimpl/compare.py"):
         tree = ast.parse((ROOT / name).read_text())
         chains = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") ==
                   "isinstance" and len(n.args) == 2 and getattr(n.args[1], "attr", getattr(n.args[1], "id", ""))
