@@ -28,7 +28,7 @@ from ..dispatch import register
 from ..shapes import ne4
 from ..rounding import f16_to_f32
 from ._common import f16_bits, parallel_ranges
-from .vexp import exp32_into, tanh_poly
+from .vexp import TANH_BLOCK, exp32_into, tanh_poly
 from .simd import vgelu16
 from .faithful import fma32
 
@@ -61,23 +61,24 @@ def _gelu_inner(x):
 
 @njit(inline="always")
 def _gelu_formula_into(x, o):
-    """o = elementwise.gelu_tanh_f32(x) over 1-D x, o of one size (o may be x): the same f32 operations in the
-    same order, tanh(f64) rounded once -- `vexp.tanh_poly` in a loop LLVM vectorizes, then libm's tanh for
-    the elements it cannot decide (read again from x, so not in place then: those are recomputed from a copy)."""
+    """o = elementwise.gelu_tanh_f32(x) over 1-D x, o of one size (different arrays): the same f32 operations in
+    the same order, tanh(f64) rounded once -- `vexp.tanh_poly` in blocks of TANH_BLOCK (a loop LLVM vectorizes),
+    then libm's tanh for the elements of a block it could not decide, as `vexp.tanh32` does."""
     n = x.size
-    src = x.copy() if x is o else x
-    bad = 0
-    for i in range(n):
-        v = src[i]
-        t, ok = tanh_poly(_gelu_inner(v))
-        o[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(t))
-        bad += 0 if ok else 1
-    if bad:
-        for i in range(n):
-            v = src[i]
-            y = _gelu_inner(v)
-            if not tanh_poly(y)[1]:
-                o[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(y)))
+    for lo in range(0, n, TANH_BLOCK):
+        hi = min(lo + TANH_BLOCK, n)
+        bad = 0
+        for i in range(lo, hi):
+            v = x[i]
+            t, b = tanh_poly(_gelu_inner(v))
+            o[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(t))
+            bad += b
+        if bad:
+            for i in range(lo, hi):
+                v = x[i]
+                y = _gelu_inner(v)
+                if tanh_poly(y)[1]:
+                    o[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(y)))
 
 
 @njit(inline="always")

@@ -112,22 +112,35 @@ _TANH_C3 = -1.0 / 3.0
 
 
 @njit(inline="always")
+def _exp_core(x):
+    """`_exp_poly`'s y without its range handling (x in [0, 40] here): straight-line code a loop vectorizes."""
+    t = x * INV_LN2 + ROUND
+    kb = _bits(t) - _ROUND_BITS
+    k = t - ROUND
+    r = (x - k * LN2_HI) - k * LN2_LO
+    p = _C13
+    for c in _COEFFS:
+        p = _fma(p, r, c)
+    return p * _from_bits((kb + 1023) << 52)
+
+
+@njit(inline="always")
 def tanh_poly(y):
-    """(t, ok): t within 2^-46.5 relative of tanh(y) for f64 y (see the module); ok = t decides fl32(tanh(y))
-    (false for NaN). A loop of these vectorizes (no calls, branches as selects)."""
+    """(t, bad): t within 2^-46.5 relative of tanh(y) for f64 y (see the module); bad = 1 where t does not decide
+    fl32(tanh(y)) (and for NaN), else 0. Straight-line code: a loop of these vectorizes when its function is
+    compiled with error_model="numpy" (Python's model checks the division for zero, which stops it)."""
     a = abs(y)
     z = a * a
     p = _TANH_COEFFS[0]
     for c in _TANH_COEFFS[1:]:
         p = p * z + c
     p = p * z + _TANH_C3
-    small = a + (a * z) * p
-    e = _exp_poly(2.0 * (a if a < 20.0 else 20.0))[0]
+    small = y * (1.0 + z * p)                     # odd: the sign of y, -0 included
+    e = _exp_core(2.0 * min(a, 20.0))
     big = (e - 1.0) / (e + 1.0)
-    t = small if a < _TANH_SMALL else big
+    t = small if a < _TANH_SMALL else (big if y > 0.0 else -big)
     low = (_bits(t) & LO29) - HALF29
-    ok = ((low > TANH_MARGIN) | (low < -TANH_MARGIN)) & (a == a)
-    return math.copysign(t, y), ok
+    return t, np.int64((low <= TANH_MARGIN) & (low >= -TANH_MARGIN) | (a != a))
 
 
 @intrinsic
@@ -228,20 +241,28 @@ def exp32(src, dst):
     return exp32_into(src, dst, src.shape[0], 1.0)
 
 
-@njit(cache=True, nogil=True)
+TANH_BLOCK = 256      # elements per block: a block with an element tanh_poly cannot decide is gone over again
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def tanh32(src, dst):
-    """dst[i] = fl32(tanh(f64(src[i]))), libm's bits: `tanh_poly`, then libm's tanh where it cannot decide (src and
-    dst different 1-D f32 arrays; for tests -- the GELU kernel inlines the same two passes). Returns how many
+    """dst[i] = fl32(tanh(f64(src[i]))), libm's bits: `tanh_poly` over each block of TANH_BLOCK elements (a loop
+    LLVM vectorizes), then, in a block where it could not decide an element, libm's tanh for that one (src and
+    dst different 1-D f32 arrays; for tests -- the GELU kernel has the same two passes). Returns how many
     elements took libm's path."""
     n = src.shape[0]
-    bad = 0
-    for i in range(n):
-        t, ok = tanh_poly(np.float64(src[i]))
-        dst[i] = np.float32(t)
-        bad += 0 if ok else 1
-    if bad:
-        for i in range(n):
-            y = np.float64(src[i])
-            if not tanh_poly(y)[1]:
-                dst[i] = np.float32(math.tanh(y))
-    return bad
+    total = 0
+    for lo in range(0, n, TANH_BLOCK):
+        hi = min(lo + TANH_BLOCK, n)
+        bad = 0
+        for i in range(lo, hi):
+            t, b = tanh_poly(np.float64(src[i]))
+            dst[i] = np.float32(t)
+            bad += b
+        if bad:
+            total += bad
+            for i in range(lo, hi):
+                y = np.float64(src[i])
+                if tanh_poly(y)[1]:
+                    dst[i] = np.float32(math.tanh(y))
+    return total
