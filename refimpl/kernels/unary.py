@@ -254,36 +254,45 @@ def geglu_table(a, b=None, *, swapped: bool = False):
 # -- a projection's bias and GELU fused (refimpl.models.bert's FFN) --------------------------------------------
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _add_bias(y, bias, lo, hi):
-    """Rows lo..hi-1 of y (rows, n): y = fl(y + bias), in place."""
+def _add_bias(y, bias, gelu, lo, hi):
+    """Rows lo..hi-1 of y (rows, n), in place: y = fl(y + bias), then with gelu y = the formula GELU of that
+    (the sum goes through a row buffer, which `_gelu_formula_into` reads while it writes the row)."""
     n = y.shape[1]
+    tmp = np.empty(n, np.float32)
     for r in range(lo, hi):
         row = y[r]
-        for i in range(n):
-            row[i] = row[i] + bias[i]
+        if gelu:
+            for i in range(n):
+                tmp[i] = row[i] + bias[i]
+            _gelu_formula_into(tmp, row)
+        else:
+            for i in range(n):
+                row[i] = row[i] + bias[i]
 
 
-def add_bias_(y, bias):
-    """y <- add(y, bias) in place, the add op's bits. y (rows, n) f32 C-contiguous, a temporary the caller owns
-    (a projection's output); bias (n,) f32. Returns y, or None for operands it does not cover (y untouched;
-    the caller runs the op)."""
+def add_bias_(y, bias, gelu: bool = False):
+    """y <- add(y, bias) in place, the add op's bits; gelu=True: y <- gelu(add(y, bias)), gelu the op (the
+    formula). y (rows, n) f32 C-contiguous, a temporary the caller owns (a projection's output: working in place
+    spares a new array, whose fresh pages cost more than the GELU here); bias (n,) f32. Returns y, or None for
+    operands it does not cover (y untouched; the caller runs the ops)."""
     if not (isinstance(y, np.ndarray) and y.dtype == np.float32 and y.ndim == 2 and y.size and y.flags.c_contiguous
             and isinstance(bias, np.ndarray) and bias.dtype == np.float32 and bias.shape == (y.shape[1],)):
         return None
     b = np.ascontiguousarray(bias)
     rows, n = y.shape
-    parallel_ranges(lambda lo, hi: _add_bias(y, b, lo, hi), rows, max(1, PAR_MIN // n))
+    parallel_ranges(lambda lo, hi: _add_bias(y, b, gelu, lo, hi), rows, max(1, PAR_MIN // n))
     return y
 
 
 @register("mul_mat_add_gelu", backend="numba")
 def mul_mat_add_gelu(a, b, bias):
-    """refimpl.ops.fused.mul_mat_add_gelu: the product (mul_mat's kernels), the bias added in place on that
-    product, which this function owns (the add op's bits), then the gelu op of the active profile."""
+    """refimpl.ops.fused.mul_mat_add_gelu (exact and fast numerics, whose gelu is the formula): the product
+    (mul_mat's kernels), then the bias and the GELU in one pass, in place on that product, which this function
+    owns (the bits of add, then of gelu)."""
     y = ops.mul_mat(a, b)
-    if add_bias_(y, bias) is None:
+    if add_bias_(y, bias, gelu=True) is None:
         return ops.gelu(ops.add(y, bias))
-    return ops.gelu(y)
+    return y
 
 
 @register("mul_mat_add", backend="numba")

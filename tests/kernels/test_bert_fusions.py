@@ -2,7 +2,8 @@
 sequence it replaces (every f32 rounding, in its order):
 
     kernels.norm.add_norm_affine   add(norm(add(add(y, bias), res)) * w, b): a sublayer's tail
-    kernels.unary.add_bias_        add(y, bias), in place: the projections' biases (mul_mat_add, mul_mat_add_gelu)
+    kernels.unary.add_bias_        add(y, bias) in place: the projections' biases (mul_mat_add); gelu=True:
+                                   gelu(add(y, bias)) in place, the formula (mul_mat_add_gelu)
 
 Drawn shapes, optional operands, non-finite values and edge values; and the model, which runs them in exact and
 fast numerics without a capture, gives exactly the states of its op path in exact numerics.
@@ -86,9 +87,13 @@ def test_add_bias_and_mul_mat_add_gelu_have_the_op_sequence_bits(numerics, rows,
         bias[rng.integers(0, n)] = rng.choice(edge)
     with refimpl.backend("numpy"), np.errstate(all="ignore"):
         want = add(y, bias)
+        want_gelu = gelu(want)
     got = y.copy()
     assert add_bias_(got, bias) is got
     assert_bits_equal(got, want, f"add_bias_ ({rows}, {n})")
+    got = y.copy()
+    assert add_bias_(got, bias, gelu=True) is got
+    assert_bits_equal(got, want_gelu, f"add_bias_ ({rows}, {n}) gelu")
     # the fused op (the product, the bias in place, the profile's gelu kernel) against the op sequence in NumPy
     w = rng.normal(0, 1, (n, 32)).astype(np.float32)
     xin = rng.normal(0, 1, (rows, 32)).astype(np.float32)
