@@ -89,24 +89,35 @@ _SCALARS = (int, float, bool, str, type(None))
 
 
 def _layout_key(args: tuple, kwargs: dict):
-    """What a layout check reads of a call: each ndarray's dtype, shape and strides, each scalar's value and type,
-    what a class with a `layout_key()` method says of its objects (QTensor: type, shape, strides); kwargs by name.
-    None when an argument is anything else (a list, a device array): that call is checked in full."""
-    key = []
-    for a in (*args, *kwargs.values()):
+    """What a layout check reads of a call, as one flat tuple: each ndarray's dtype, shape and strides, each
+    scalar's type and value, what a class with a `layout_key()` method says of its objects (QTensor: type, shape,
+    strides) after the class; kwargs after their names. None when an argument is anything else (a list, a
+    device array): that call is checked in full. (Flat, because building nested tuples costs a third more; the
+    groups cannot run into each other: a shape or a layout_key is a tuple, a scalar never is.)"""
+    key = ()
+    for a in args:
         t = type(a)
         if t is np.ndarray:
-            key.append((a.dtype, a.shape, a.strides))
+            key += (a.dtype, a.shape, a.strides)
         elif t in _SCALARS:
-            key.append((t, a))
+            key += (t, a)
         else:
             lk = getattr(t, "layout_key", None)
             if lk is None:
                 return None
-            key.append((t, lk(a)))
-    if kwargs:
-        key.append(tuple(kwargs))
-    return tuple(key)
+            key += (t, lk(a))
+    for k, a in kwargs.items():
+        t = type(a)
+        if t is np.ndarray:
+            key += (k, a.dtype, a.shape, a.strides)
+        elif t in _SCALARS:
+            key += (k, t, a)
+        else:
+            lk = getattr(t, "layout_key", None)
+            if lk is None:
+                return None
+            key += (k, t, lk(a))
+    return key
 
 
 @dataclass
@@ -179,18 +190,6 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
         bget, nget = _backend.get, _numerics.get
         accepted: set = set()
 
-        def checked(args, kwargs):
-            if not layout_check:
-                return check(*args, **kwargs)
-            key = _layout_key(args, kwargs)
-            if key is not None and key in accepted:
-                return
-            check(*args, **kwargs)
-            if key is not None:
-                if len(accepted) >= ACCEPTED_KEPT:
-                    accepted.clear()
-                accepted.add(key)
-
         @functools.wraps(fn)
         def wrapper(*args, numerics: str | None = None, **kwargs):
             try:
@@ -206,8 +205,16 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
                     nd = getattr(a, "ndim", 0)     # (a class such as np.float32 has a descriptor there)
                     if type(nd) is int and nd > 4:
                         ne4(a.shape)
-                if check is not None:
-                    checked(args, kwargs)
+                if layout_check:
+                    lk = _layout_key(args, kwargs)
+                    if lk is None or lk not in accepted:
+                        check(*args, **kwargs)
+                        if lk is not None:
+                            if len(accepted) >= ACCEPTED_KEPT:
+                                accepted.clear()
+                            accepted.add(lk)
+                elif check is not None:
+                    check(*args, **kwargs)
                 key = (bget(), nget())
                 chain = chains.get(key)
                 if chain is None:
