@@ -43,9 +43,9 @@ from ._common import n_threads, parallel_ranges, per_type, prange_ok
 
 DECODE_ROWS = 8          # rows of b up to which the fused decode-dot path runs
 GEMV_MIN_MACS = 1 << 18  # multiply-adds per thread at least (Python thread pool)
-PAR_MIN_MACS = 1 << 15   # the same for the prange drivers (a launch costs ~5 us, not ~100)
-ATTN_PAR_MIN_MACS = 1 << 17  # attention decode products: multiply-adds per thread at least (SmolLM2 at ~150
-                         # cached tokens, 92k in all: 15 us on one thread, 30-40 split in a prange)
+PAR_MIN_MACS = 1 << 15   # the same for the prange drivers (a launch is cheaper than the pool's hand-off)
+ATTN_PAR_MIN_MACS = 1 << 17  # attention decode products: multiply-adds per thread at least (a short cache's
+                         # products run faster on one thread than split)
 FAST_BLAS_MIN = 1 << 18  # fast decode: f32 weights of at least this many elements go to BLAS sgemv (see below)
 FAST_TILE = 1 << 20      # fast prefill: weight elements per f32 tile (4 MB; SmolLM2's matrices in one tile,
                          # one decode and one sgemm each: a 64-row remainder tile ran sgemm at half speed)
@@ -472,11 +472,10 @@ def _prefill_tiles(w, tid, bs, o, n: int, k: int, fast: bool) -> None:
 # refimpl's threads: a block weight's tile decoded by the prange decoders and MKL's sgemm split by rows in a
 # prange too (one thread team for the decoder-style models), f32 weights (BERT, whose other kernels run on
 # the thread pool) on the pool. Without
-# it, OpenBLAS: the vector-decoded types decode their tile on the calling thread (3-5 Gelem/s: a second
-# thread only competed with OpenBLAS's spinning workers), the others in threads. OpenBLAS's workers spin
-# ~0.1 s after its last call and took a core from the first decode steps after a prefill (SmolLM2, 2
-# threads: 25-110 ms a token instead of 12-13); with every prefill product on MKL they take their steady
-# time from the first. Every output is within
+# it, OpenBLAS: the vector-decoded types decode their tile on the calling thread (a second thread only
+# competes with OpenBLAS's spinning workers), the others in threads. OpenBLAS's workers spin a while after its
+# last call and take a core from the first decode steps after a prefill; with every prefill product on MKL
+# those steps take their steady time from the first (docs/benchmarks.md, "Thresholds"). Every output is within
 # gamma_k * sum_k |w_k * b_k| of the exact result (gamma_k = k u / (1 - k u), u = 2^-24): the f32 products
 # and sums of one dot, in any order.
 
@@ -491,11 +490,11 @@ FAST = {int(traits(n).type): f
 
 
 # -- thread drivers ------------------------------------------------------------------------------------------
-# A mat-vec of SmolLM2's shapes takes 30-300 us; handing half of it to a Python thread pool costs ~100 us
-# of wake-up here (measured round trip of an empty task), so the decode kernels split their rows in a
-# `prange` instead (Numba's OpenMP layer: ~5 us). One small driver per kernel, from a template (`per_type`: a
-# driver taking the kernel as an argument is not cached by Numba); the kernel itself is a call, compiled once,
-# not re-optimised. Types without a driver split their rows with `parallel_ranges`.
+# A model's mat-vec takes about as long as handing half of it to a Python thread pool, so the decode kernels
+# split their rows in a `prange` instead (Numba's OpenMP layer starts a range far sooner). One small driver per
+# kernel, from a template (`per_type`: a driver taking the kernel as an argument is not cached by Numba); the
+# kernel itself is a call, compiled once, not re-optimised. Types without a driver split their rows with
+# `parallel_ranges`.
 
 _PAR_FAST = """
 @njit(cache=True, parallel=True, nogil=True)

@@ -20,8 +20,7 @@ from ..ops.norm import rms_norm as _rms_norm_op
 from ..dispatch import register
 from ._common import pairwise_sum_f64, parallel_ranges
 
-PAR_MIN = 1 << 17       # elements per thread at least (a hand-off to the pool costs ~70 us: SmolLM2's
-                        # 128 x 576 prefill rows took 142 us on two threads, 72 on one)
+PAR_MIN = 1 << 17       # elements per thread at least: below, a hand-off to the pool costs more than it saves
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -50,7 +50,7 @@ IQ4_NL, IQ4_XS = int(GGMLType.IQ4_NL), int(GGMLType.IQ4_XS)
 TQ1_0, TQ2_0 = int(GGMLType.TQ1_0), int(GGMLType.TQ2_0)
 MXFP4, NVFP4 = int(GGMLType.MXFP4), int(GGMLType.NVFP4)
 
-PAR_MIN = 1 << 15       # elements per thread at least (a thread's start costs ~10-20 us)
+PAR_MIN = 1 << 15       # elements per thread at least: below, starting a thread costs more than it saves
 
 
 @functools.lru_cache(maxsize=None)
@@ -656,8 +656,8 @@ DECODABLE = frozenset(t for t in DEQUANTIZERS if int(t) in DECODERS)
 
 # -- thread drivers ------------------------------------------------------------------------------------------
 # A whole tensor's decode (the dequantize entry point) splits its blocks in a `prange`: Numba's OpenMP threads
-# start a range in ~5 us, the Python pool of parallel_ranges in ~65-100 us (an empty task's round trip here),
-# as long as the decode of 1M elements takes on one core. One small driver per decoder, from a template as
+# start a range an order of magnitude sooner than the Python pool of parallel_ranges (docs/benchmarks.md,
+# "Thresholds"). One small driver per decoder, from a template as
 # kernels/matmul.py's (`per_type`: a driver taking the decoder as an argument would not be cached). mul_mat's
 # tiles take them (`decode_tensor`) only where their products run on Numba's threads too, else
 # parallel_ranges (`dequantize_into`): OpenMP threads that spin after a prange take the cores from OpenBLAS's

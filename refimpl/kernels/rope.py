@@ -27,8 +27,7 @@ from ..shapes import ne4
 from ._common import parallel_ranges
 
 F32 = np.float32
-PAR_MIN = 1 << 17       # elements per thread at least (a hand-off to the pool costs ~70 us: SmolLM2's
-                        # 128-token Q, 128 x 9 x 64, took 168 us on two threads, 94 on one)
+PAR_MIN = 1 << 17       # elements per thread at least: below, a hand-off to the pool costs more than it saves
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -148,9 +148,8 @@ def _lanes_in_order(builder, v):
     return s
 
 
-# Bytes ahead of the current block to prefetch: weights stream from memory once per token (SmolLM2's 60
-# Q4_1 matrices of 1536x576 cycled: 107-124 us a matrix without, 82-92 with 1024 bytes ahead, one core;
-# the decode of a token, two threads: 10.6-11.0 ms of weight products at 1024, 9.9-10.4 at 2048).
+# Bytes ahead of the current block to prefetch: weights stream from memory once per token, and the hardware
+# prefetcher alone leaves the loads waiting (docs/benchmarks.md, "Thresholds").
 PREFETCH = 2048
 
 
