@@ -14,6 +14,12 @@ validates the arguments once before any implementation runs. A check that reads 
 the dispatch then remembers the layouts it accepted (`_layout_key`) and skips the check for the next call with
 the same ones -- a model calls each op with a handful of layouts, thousands of times.
 
+Taps: a fusion (refimpl.ops.fused) names the intermediate tensors of its body with `tap(role, x)`; a model that
+wants them (a capture, to compare with llama.cpp's graph node by node) calls the fusion inside
+`tapping(cap, role=name, ...)`, and while that is active the dispatch runs such an op's body (`op(...,
+taps=True)`) instead of a one-pass kernel, so that every tapped tensor exists. Fusion stays the dispatch's
+business: the model writes its layer once.
+
 Backends: "numpy" (the reference bodies only), "numba" (refimpl.kernels), "cuda" (refimpl.kernels.cuda);
 `with backend("numba"):` or REFIMPL_BACKEND. The default is "numba" when the numba package is installed
 (found without importing it), else "numpy". A backend's kernel modules are imported on the first op call
@@ -81,6 +87,7 @@ def _default_backend() -> str:
 
 
 _backend = contextvars.ContextVar("refimpl_backend", default=_default_backend())
+_taps = contextvars.ContextVar("refimpl_taps", default=None)      # (cap, {role: name}) while tapping
 _numerics = contextvars.ContextVar("refimpl_numerics", default=os.environ.get("REFIMPL_NUMERICS", "exact"))
 
 
@@ -173,11 +180,38 @@ def _chain(info: OpInfo, b: str, profile: str) -> tuple:
     return tuple(out)
 
 
+def tap(role: str, x):
+    """Inside a fusion's body: hand x to the active `tapping` under the name it gives `role` (none: nothing);
+    returns x."""
+    t = _taps.get()
+    if t is not None:
+        name = t[1].get(role)
+        if name is not None:
+            t[0](name, x)
+    return x
+
+
+@contextlib.contextmanager
+def tapping(cap: Callable, **names: str):
+    """Within: the fusions called (ops registered with taps=True) run their bodies and hand their tapped
+    intermediates to cap(name, x), named by role (`tapping(cap, product="ffn_up-0", act="ffn_gelu-0")`).
+    A cap that records nothing (refimpl.models.common.no_capture) is no tapping at all."""
+    if getattr(cap, "records", True) is False:
+        yield
+        return
+    tok = _taps.set((cap, names))
+    try:
+        yield
+    finally:
+        _taps.reset(tok)
+
+
 def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable | None = None,
-       layout_check: bool = False):
+       layout_check: bool = False, taps: bool = False):
     """Register the NumPy reference of a ggml op; the returned wrapper validates (check) and dispatches.
     Every op accepts `numerics=` (a profile name): the call then runs under that profile. layout_check: the
-    check reads layouts and scalars only (see the module), so accepted layouts are remembered."""
+    check reads layouts and scalars only (see the module), so accepted layouts are remembered. taps: the body
+    names intermediates with `tap`, and runs itself while a `tapping` is active."""
     # covers=None: the enum named like the op; covers=(): a composite with no enum of its own
     cov = (name.upper(),) if covers is None else (covers,) if isinstance(covers, str) else tuple(covers)
     if layout_check and check is None:
@@ -215,6 +249,8 @@ def op(name: str, covers: str | tuple[str, ...] | None = None, check: Callable |
                             accepted.add(lk)
                 elif check is not None:
                     check(*args, **kwargs)
+                if taps and _taps.get() is not None:
+                    return fn(*args, **kwargs)
                 key = (bget(), nget())
                 chain = chains.get(key)
                 if chain is None:

@@ -97,3 +97,23 @@ def test_the_memo_is_bounded_and_remembers_what_it_accepted():
 def test_layout_check_needs_a_check():
     with pytest.raises(ValueError, match="needs a check"):
         op("layout_probe2", covers=(), layout_check=True)
+
+
+def test_a_fusion_under_tapping_runs_its_sequence_and_names_its_intermediates():
+    """dispatch.tapping: the fusion's body runs (its tapped tensors are the op sequence's, bit for bit) and each
+    role mapped to a name reaches the capture; a cap that records nothing (no_capture) taps nothing."""
+    from refimpl.dispatch import tapping
+    from refimpl.models.common import no_capture
+    from refimpl.ops import add, gelu, mul_mat
+    from refimpl.ops.fused import mul_mat_add_gelu
+    rng = np.random.default_rng(5)
+    w, x, bias = (rng.standard_normal(s).astype(np.float32) for s in ((6, 32), (3, 32), (6,)))
+    got = {}
+    with tapping(lambda name, t: got.setdefault(name, np.array(t)), product="up", act="up_act"):
+        out = mul_mat_add_gelu(w, x, bias)
+    assert sorted(got) == ["up", "up_act"]
+    want_up = mul_mat(w, x)
+    assert np.array_equal(got["up"], want_up)
+    assert np.array_equal(got["up_act"], gelu(add(want_up, bias))) and np.array_equal(out, got["up_act"])
+    with tapping(no_capture, product="up"):
+        assert np.array_equal(mul_mat_add_gelu(w, x, bias), out)

@@ -340,3 +340,17 @@ def test_cap_returns_what_it_records():
     x = np.arange(3, dtype=np.float32)
     assert capture_fn(got)("t", x) is x and np.array_equal(got["t"], x) and got["t"] is not x
     assert capture_fn(lambda n, a: None)("t", x) is x and no_capture("t", x) is x
+
+
+def test_models_write_each_layer_once():
+    """A model does not branch on whether it is captured (`cap is no_capture`): it calls the fusions, and a
+    capture makes the dispatch run their op sequences (dispatch.tapping), so there is one layer function."""
+    bad = []
+    for m, path in MODULES.items():
+        if not m.startswith("refimpl.models"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare) and any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops) and \
+                    any(getattr(c, "id", None) == "no_capture" for c in node.comparators):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "a model branches on its capture:\n" + "\n".join(bad)

@@ -69,10 +69,11 @@ import numpy as np
 
 from .. import gguf as _gguf
 from ..backends import forward_scope
+from ..dispatch import tapping
 from ..errors import BertError, LoadError, TokenizerError
-from ..ops import add, cont, gelu, gelu_erf, get_rows, mul_mat, permute, soft_max_ext, transpose
+from ..ops import add, cont, gelu, gelu_erf, get_rows, mul_mat, transpose
 from ..ops.fused import add_norm_affine, attn_mha, attn_qkv, mul_mat_add, mul_mat_add_gelu, stack_qkv
-from .common import capture_fn, constant, getter, layer_norm, no_capture, to_host
+from .common import capture_fn, constant, getter, layer_norm, recorded_as, to_host
 
 A = Any  # np.ndarray or QTensor
 
@@ -399,11 +400,6 @@ def _norm(x, w, b, eps):
     return layer_norm(x, w, b, eps)
 
 
-def _linear(w, b, x):
-    y = mul_mat(w, x)
-    return y if b is None else add(y, b)
-
-
 def key_mask(lengths, n_tokens: int) -> np.ndarray:
     """(n_seq, 1, n_tokens, n_tokens) f32, ne [n_kv, n_tokens, 1, n_seq]: 0 where key j < lengths[s], else -inf.
 
@@ -415,95 +411,46 @@ def key_mask(lengths, n_tokens: int) -> np.ndarray:
     return constant(np.ascontiguousarray(np.broadcast_to(m[:, None, None, :], (len(lengths), 1, n_tokens, n_tokens))))
 
 
-def attention(q, k, v, mask, scale, cap, il) -> np.ndarray:
-    """q, k, v (n_seq, n_tokens, n_head, head_dim) -> (n_seq, n_tokens, n_head*head_dim).
-
-    As llama.cpp without flash attention (build_attn_mha): kq = mul_mat(K, Q) per sequence and head,
-    ne [n_kv, n_tokens, n_head, n_seq]; soft_max_ext with the mask and 1/sqrt(head_dim); kqv = mul_mat(V^T, kq).
-    """
-    S, T, H, D = q.shape
-    # ggml permutes Q as a view, and so does this (refimpl.ops.fused.attn_mha, the same sequence without
-    # captures): under numerics="ggml" the llamafile emulation then sees the strided f32 src1 that makes
-    # llama.cpp take vec_dot for kq
-    qh = permute(q, 0, 2, 1, 3)                                  # (S, H, T, D)  ne [D, T, H, S]
-    kh = cont(permute(k, 0, 2, 1, 3))
-    kq = mul_mat(kh, qh)                                         # (S, H, T, n_kv)  ne [n_kv, T, H, S]
-    cap(f"kq-{il}", kq)
-    kq = soft_max_ext(kq, mask, scale, 0.0)
-    cap(f"kq_soft_max-{il}", kq)
-    vt = cont(permute(v, 1, 2, 0, 3))                            # (S, H, D, n_kv)  ne [n_kv, D, H, S]
-    kqv = mul_mat(vt, kq)                                        # (S, H, T, D)     ne [D, T, H, S]
-    cap(f"kqv-{il}", kqv)
-    out = cont(permute(kqv, 0, 2, 1, 3)).reshape(S, T, H * D)
-    cap(f"kqv_out-{il}", out)
-    return out
-
-
 def layer(x, w: Layer, hp: HParams, mask, cap, il: int) -> np.ndarray:
     """x (n_seq, n_tokens, n_embd) -> (n_seq, n_tokens, n_embd): one encoder layer (llama.cpp's bert graph).
 
-    Without a capture the sublayers run as refimpl.ops.fused's ops (attn_qkv or attn_mha, add_norm_affine,
-    mul_mat_add_gelu: their references are these op sequences, and backends register one-pass kernels for them);
-    with one, op by op, so that every named tensor exists."""
-    if cap is no_capture:
-        return _layer_fused(x, w, hp, mask)
+    Attention as llama.cpp without flash attention (build_attn_mha): kq = mul_mat(K, Q) per sequence and head,
+    soft_max_ext with the mask and 1/sqrt(head_dim), kqv = mul_mat(V^T, kq); the output projection, the residual
+    and the norm; the FFN (up, its bias, the activation, down, its bias), the residual and the norm. The
+    sublayers are refimpl.ops.fused's ops, whose references are these op sequences; with a capture the dispatch
+    runs those sequences (`tapping`), and the tensors get llama.cpp's names."""
     S, T, E = x.shape
     H, D = hp.n_head, hp.head_dim
     flat = x.reshape(S * T, E)
-    q = _linear(w.attn_q, w.attn_q_b, flat).reshape(S, T, H, D)
-    k = _linear(w.attn_k, w.attn_k_b, flat).reshape(S, T, H, D)
-    v = _linear(w.attn_v, w.attn_v_b, flat).reshape(S, T, H, D)
-    cap(f"Qcur-{il}", q)
-    cap(f"Kcur-{il}", k)
-    cap(f"Vcur-{il}", v)
-    kqv = attention(q, k, v, mask, _scale(hp), cap, il)
-    cur = _linear(w.attn_output, w.attn_output_b, kqv.reshape(S * T, E))
-    cap(f"kqv_out-{il}", cur.reshape(S, T, E))
-    cur = add(cur, flat)                                                  # re-add the layer input
-    ffn_inp = _norm(cur, w.attn_output_norm, w.attn_output_norm_b, hp.norm_eps)
-    cap(f"ffn_inp-{il}", ffn_inp.reshape(S, T, E))
-    up = mul_mat(w.ffn_up, ffn_inp)
-    cap(f"ffn_up-{il}", up.reshape(S, T, -1))
-    if w.ffn_up_b is not None:
-        up = add(up, w.ffn_up_b)
-        cap(f"ffn_up_b-{il}", up.reshape(S, T, -1))
-    act = ACTS[hp.act](up)
-    cap(f"ffn_{hp.act}-{il}", act.reshape(S, T, -1))
-    cur = mul_mat(w.ffn_down, act)
+    rows = recorded_as(cap, (S, T, -1))            # the rows of all sequences, (S*T, n), as llama.cpp's (S, T, n)
+    with tapping(cap, q=f"Qcur-{il}", k=f"Kcur-{il}", v=f"Vcur-{il}", kq=f"kq-{il}",
+                 kq_soft_max=f"kq_soft_max-{il}", kqv=f"kqv-{il}"):
+        if w.attn_qkv is not None:
+            kqv = attn_qkv(x, w.attn_qkv, w.attn_qkv_b, mask, _scale(hp), H)
+        else:
+            q, k, v = (cap(name, mul_mat_add(wt, flat, b).reshape(S, T, H, D)) for name, wt, b in (
+                (f"Qcur-{il}", w.attn_q, w.attn_q_b), (f"Kcur-{il}", w.attn_k, w.attn_k_b),
+                (f"Vcur-{il}", w.attn_v, w.attn_v_b)))
+            kqv = attn_mha(q, k, v, mask, _scale(hp))
+    with tapping(rows, biased=f"kqv_out-{il}", out=f"ffn_inp-{il}"):       # + the layer input, norm
+        ffn_inp = add_norm_affine(mul_mat(w.attn_output, kqv.reshape(S * T, E)), w.attn_output_b, flat,
+                                  w.attn_output_norm, w.attn_output_norm_b, hp.norm_eps)
+    with tapping(rows, product=f"ffn_up-{il}", biased=f"ffn_up_b-{il}", act=f"ffn_{hp.act}-{il}"):
+        if w.ffn_up_b is not None and hp.act == "gelu":
+            act = mul_mat_add_gelu(w.ffn_up, ffn_inp, w.ffn_up_b)
+        else:
+            act = rows(f"ffn_{hp.act}-{il}", ACTS[hp.act](mul_mat_add(w.ffn_up, ffn_inp, w.ffn_up_b)))
+    down = mul_mat(w.ffn_down, act)
     if w.ffn_down_b is not None:
-        cap(f"ffn_down-{il}", cur.reshape(S, T, E))
-        cur = add(cur, w.ffn_down_b)
-    cap(f"ffn_out-{il}", cur.reshape(S, T, E))
-    cur = add(cur, ffn_inp)                                               # attention bypasses the FFN
-    out = _norm(cur, w.layer_output_norm, w.layer_output_norm_b, hp.norm_eps).reshape(S, T, E)
-    cap(f"l_out-{il}", out)
-    return out
+        rows(f"ffn_down-{il}", down)
+    with tapping(rows, biased=f"ffn_out-{il}", out=f"l_out-{il}"):          # attention bypasses the FFN
+        out = add_norm_affine(down, w.ffn_down_b, ffn_inp, w.layer_output_norm, w.layer_output_norm_b,
+                              hp.norm_eps)
+    return out.reshape(S, T, E)
 
 
 def _scale(hp: HParams) -> float:
     return 1.0 / float(np.sqrt(np.float32(hp.head_dim)))
-
-
-def _layer_fused(x, w: Layer, hp: HParams, mask) -> np.ndarray:
-    """`layer` without captures: the same op sequence, as refimpl.ops.fused's ops."""
-    S, T, E = x.shape
-    H, D = hp.n_head, hp.head_dim
-    flat = x.reshape(S * T, E)
-    if w.attn_qkv is not None:
-        kqv = attn_qkv(x, w.attn_qkv, w.attn_qkv_b, mask, _scale(hp), H)
-    else:
-        q, k, v = (mul_mat_add(wt, flat, b).reshape(S, T, H, D)
-                   for wt, b in ((w.attn_q, w.attn_q_b), (w.attn_k, w.attn_k_b), (w.attn_v, w.attn_v_b)))
-        kqv = attn_mha(q, k, v, mask, _scale(hp))
-    ffn_inp = add_norm_affine(mul_mat(w.attn_output, kqv.reshape(S * T, E)), w.attn_output_b, flat,
-                              w.attn_output_norm, w.attn_output_norm_b, hp.norm_eps)
-    if w.ffn_up_b is not None and hp.act == "gelu":
-        act = mul_mat_add_gelu(w.ffn_up, ffn_inp, w.ffn_up_b)
-    else:
-        act = ACTS[hp.act](mul_mat_add(w.ffn_up, ffn_inp, w.ffn_up_b))
-    out = add_norm_affine(mul_mat(w.ffn_down, act), w.ffn_down_b, ffn_inp, w.layer_output_norm,
-                          w.layer_output_norm_b, hp.norm_eps)
-    return out.reshape(S, T, E)
 
 
 def _batch(tokens) -> tuple[list[np.ndarray], bool]:

@@ -16,9 +16,25 @@ from ..ops import add, mul, norm, set_rows
 
 
 def no_capture(name: str, x):
-    """The capture callback when nothing is captured (a model may test `cap is no_capture` to run fused ops):
-    returns x."""
+    """The capture callback when nothing is captured: returns x. (`records = False`: a `dispatch.tapping` of it
+    changes nothing, so fusions keep their one-pass kernels.)"""
     return x
+
+
+no_capture.records = False
+
+
+def recorded_as(cap, shape: tuple) -> Callable[[str, np.ndarray], np.ndarray]:
+    """cap recording each tensor reshaped to `shape` (a layer's rows of all sequences, (n_seq * n_tokens, n),
+    as llama.cpp's (n_seq, n_tokens, n): shape (n_seq, n_tokens, -1)), returning the tensor as it came; cap
+    itself when it records nothing."""
+    if getattr(cap, "records", True) is False:
+        return cap
+
+    def rec(name, x):
+        cap(name, x.reshape(shape))
+        return x
+    return rec
 
 
 def capture_fn(capture) -> Callable[[str, np.ndarray], np.ndarray]:

@@ -1,19 +1,23 @@
 """Fusions the models call: each op's NumPy body is literally the sequence of ggml ops it stands for
 (tests/ops/test_fused.py checks the bits against that sequence), so the reference still reads as the math,
 and backends register one-pass kernels for them (refimpl/kernels/norm.py, unary.py, attention.py). None is
-a ggml op: `covers=()`.
+a ggml op: `covers=()`. Each body names its intermediates with `tap(role, x)` (the roles in the table); under a
+`dispatch.tapping` (a model's capture) the dispatch runs the body, and llama.cpp's names reach the capture.
 
-    mul_mat_add      ggml_add(ggml_mul_mat(w, x), bias)                    a projection and its bias
-    mul_mat_add_gelu ggml_gelu(ggml_add(ggml_mul_mat(w, x), bias))         BERT's FFN up projection and GELU
-    add_norm_affine  ggml_add(ggml_mul(ggml_norm(x + bias + residual), w), b)   BERT's post-norm residual
-    attn_mha         kq = mul_mat(K, Q); soft_max_ext; kqv = mul_mat(V^T, kq)   llama.cpp's build_attn_mha
-    attn_qkv         attn_mha on the Q, K, V projections of one stacked weight
+    op               the sequence                                          where             taps
+    mul_mat_add      ggml_add(ggml_mul_mat(w, x), bias)                    a projection      product, biased
+    mul_mat_add_gelu ggml_gelu(ggml_add(ggml_mul_mat(w, x), bias))         BERT's FFN up     product, biased, act
+    add_norm_affine  ggml_add(ggml_mul(ggml_norm(x + bias + residual), w), b)   BERT's post-norm residual:
+                                                                                             biased, out
+    attn_mha         kq = mul_mat(K, Q); soft_max_ext; kqv = mul_mat(V^T, kq)   build_attn_mha:
+                                                                                   kq, kq_soft_max, kqv, kqv_out
+    attn_qkv         attn_mha on the Q, K, V projections of one stacked weight       q, k, v, and attn_mha's
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..dispatch import op
+from ..dispatch import op, tap
 from .elementwise import add, gelu, mul
 from .matmul import mul_mat
 from .movement import cont, permute
@@ -21,7 +25,7 @@ from .norm import norm
 from .softmax import soft_max_ext
 
 
-@op("mul_mat_add", covers=())
+@op("mul_mat_add", covers=(), taps=True)
 def mul_mat_add(a, b, bias=None) -> np.ndarray:
     """ggml_add(ctx, ggml_mul_mat(ctx, a, b), bias): a projection with its bias (llama.cpp's build_lora_mm, then
     ggml_add of the `.bias` tensor).
@@ -32,11 +36,11 @@ def mul_mat_add(a, b, bias=None) -> np.ndarray:
     out   ne [n, m]   numpy (m, n)   f32
 
     Kernels: kernels/unary.py (numba: the bias added in place on the product it owns)."""
-    y = mul_mat(a, b)
-    return y if bias is None else add(y, bias)
+    y = tap("product", mul_mat(a, b))
+    return y if bias is None else tap("biased", add(y, bias))
 
 
-@op("mul_mat_add_gelu", covers=())
+@op("mul_mat_add_gelu", covers=(), taps=True)
 def mul_mat_add_gelu(a, b, bias) -> np.ndarray:
     """ggml_gelu(ctx, ggml_add(ctx, ggml_mul_mat(ctx, a, b), bias)): BERT's FFN up projection, its bias, then
     GELU (the profile's: the formula, or ggml-cpu's f16 table in ggml numerics).
@@ -47,10 +51,11 @@ def mul_mat_add_gelu(a, b, bias) -> np.ndarray:
     out   ne [n, m]   numpy (m, n)   f32
 
     Kernels: kernels/unary.py (numba: the bias added in place on the product it owns, then the gelu kernel)."""
-    return gelu(add(mul_mat(a, b), bias))
+    y = tap("biased", add(tap("product", mul_mat(a, b)), bias))
+    return tap("act", gelu(y))
 
 
-@op("add_norm_affine", covers=())
+@op("add_norm_affine", covers=(), taps=True)
 def add_norm_affine(a, bias, residual, w, b, eps: float) -> np.ndarray:
     """llama.cpp's build_norm(LLM_NORM) after a projection's bias and the residual, as BERT's layers run it:
 
@@ -61,13 +66,13 @@ def add_norm_affine(a, bias, residual, w, b, eps: float) -> np.ndarray:
     out          ne [n, m]   numpy (m, n)   f32
 
     Kernels: kernels/norm.py (numba: one pass, every f32 rounding of the sequence in its order)."""
-    cur = a if bias is None else add(a, bias)
+    cur = tap("biased", a if bias is None else add(a, bias))
     if residual is not None:
         cur = add(cur, residual)
-    return add(mul(norm(cur, eps), w), b)
+    return tap("out", add(mul(norm(cur, eps), w), b))
 
 
-@op("attn_mha", covers=())
+@op("attn_mha", covers=(), taps=True)
 def attn_mha(q, k, v, mask, scale: float) -> np.ndarray:
     """llama.cpp's attention without flash attention (build_attn_mha), heads concatenated:
 
@@ -84,13 +89,14 @@ def attn_mha(q, k, v, mask, scale: float) -> np.ndarray:
     S, T, H, D = q.shape
     qh = permute(q, 0, 2, 1, 3)                                           # (S, H, T, D)     ne [D, T, H, S]
     kh = cont(permute(k, 0, 2, 1, 3))                                     # (S, H, n_kv, D)  ne [D, n_kv, H, S]
-    kq = soft_max_ext(mul_mat(kh, qh), mask, scale, 0.0)                  # (S, H, T, n_kv)  ne [n_kv, T, H, S]
+    kq = tap("kq", mul_mat(kh, qh))                                       # (S, H, T, n_kv)  ne [n_kv, T, H, S]
+    kq = tap("kq_soft_max", soft_max_ext(kq, mask, scale, 0.0))
     vt = cont(permute(v, 1, 2, 0, 3))                                     # (S, H, D, n_kv)  ne [n_kv, D, H, S]
-    kqv = mul_mat(vt, kq)                                                 # (S, H, T, D)     ne [D, T, H, S]
-    return cont(permute(kqv, 0, 2, 1, 3)).reshape(S, T, H * D)
+    kqv = tap("kqv", mul_mat(vt, kq))                                     # (S, H, T, D)     ne [D, T, H, S]
+    return tap("kqv_out", cont(permute(kqv, 0, 2, 1, 3)).reshape(S, T, H * D))
 
 
-@op("attn_qkv", covers=())
+@op("attn_qkv", covers=(), taps=True)
 def attn_qkv(x, wqkv, bqkv, mask, scale: float, n_head: int) -> np.ndarray:
     """attn_mha on the Q, K and V projections of x, with the three weights stacked into one (`stack_qkv`):
 
@@ -106,8 +112,9 @@ def attn_qkv(x, wqkv, bqkv, mask, scale: float, n_head: int) -> np.ndarray:
     S, T, E = x.shape
     n = wqkv.shape[0] // 3
     flat = x.reshape(S * T, E)
-    q, k, v = (mul_mat_add(wqkv[i * n:(i + 1) * n], flat, None if bqkv is None else bqkv[i * n:(i + 1) * n])
-               .reshape(S, T, n_head, n // n_head) for i in range(3))
+    bs = (None,) * 3 if bqkv is None else (bqkv[:n], bqkv[n:2 * n], bqkv[2 * n:])
+    q, k, v = (tap(role, mul_mat_add(wqkv[i * n:(i + 1) * n], flat, bs[i]).reshape(S, T, n_head, n // n_head))
+               for i, role in enumerate(("q", "k", "v")))
     return attn_mha(q, k, v, mask, scale)
 
 
