@@ -110,12 +110,16 @@ def _load_llama(args):
     return m
 
 
-def cmd_generate(args) -> int:
+def _run(args, rwkv, llama) -> int:
+    """rwkv(args, path) for the RWKV model -m names, else llama(args), under the model options (numerics "fast"
+    by default on the numba backend)."""
     rwkv_path = _rwkv_path(args)
     with model_context(args, "fast"):
-        if rwkv_path:
-            return _generate_rwkv(args, rwkv_path)
-        return _generate_llama(args)
+        return rwkv(args, rwkv_path) if rwkv_path else llama(args)
+
+
+def cmd_generate(args) -> int:
+    return _run(args, _generate_rwkv, _generate_llama)
 
 
 def _generate_llama(args) -> int:
@@ -186,11 +190,7 @@ def _speed_line(n_prompt: int, n_gen: int, first_s: float, rest_s: float) -> str
 
 
 def cmd_chat(args) -> int:
-    rwkv_path = _rwkv_path(args)
-    with model_context(args, "fast"):
-        if rwkv_path:
-            return _chat_rwkv(args, rwkv_path)
-        return _chat_llama(args)
+    return _run(args, _chat_rwkv, _chat_llama)
 
 
 def _chat_llama(args) -> int:
