@@ -109,16 +109,28 @@ def as4(x: np.ndarray) -> np.ndarray:
     return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
-def tile_to(op: str, a, b) -> np.ndarray:
-    """b repeated (np.tile) to a's shape: ggml's binary-op broadcast, where every dim of a must be a
-    multiple of b's -- not NumPy broadcasting, which only stretches size-1 axes."""
+def check_tiles(op: str, a, b) -> None:
+    """Fail (naming op `op`) unless b repeats to a's shape: every ne of a a multiple of b's."""
     na, nb = ne4(np.shape(a)), ne4(np.shape(b))
     if any(y == 0 or x % y for x, y in zip(na, nb)):
         fail(op, "src1 must repeat to src0's shape (every ne of a a multiple of b's)", a=a, b=b)
-    b4 = as4(np.asarray(b))
+
+
+def tile_to(a, b) -> np.ndarray:
+    """b tiled to a's shape (checked by `check_tiles`): ggml's binary-op broadcast, where every dim of a is a
+    multiple of b's -- np.tile, not NumPy broadcasting, which only stretches size-1 axes. Where b repeats only
+    along its size-1 dims the two are the same: b is returned as it is, and broadcasts to a's shape."""
+    b = np.asarray(b)
+    sa, sb = np.shape(a), b.shape
+    if len(sb) <= len(sa):
+        for m, n in zip(sb, sa[len(sa) - len(sb):]):
+            if m != n and m != 1:
+                break
+        else:
+            return b
+    na, nb = ne4(sa), ne4(sb)
     reps = [x // y for x, y in zip(na[::-1], nb[::-1])]
-    out = np.tile(b4, reps) if any(r != 1 for r in reps) else b4
-    return out.reshape(np.shape(a)) if np.ndim(a) >= np.ndim(b) else out.reshape(np.shape(a))
+    return np.tile(as4(b), reps).reshape(sa)
 
 
 def nonempty(op: str, **operands) -> None:

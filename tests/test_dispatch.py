@@ -12,7 +12,7 @@ from tests._profiles import examples
 
 pytestmark = pytest.mark.property
 
-LAYOUT_CHECKED = ["mul_mat", "rms_norm", "norm", "rope_ext"]
+LAYOUT_CHECKED = ["mul_mat", "rms_norm", "norm", "rope_ext", "add", "sub", "mul", "div"]
 
 
 def _outcome(case):

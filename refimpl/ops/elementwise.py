@@ -25,7 +25,7 @@ from ..rounding import erff_f32, expf_f32, f16_bits, f16_to_f32, fma32, libm_f32
 from ..quants.floats import f32_to_bf16_bits
 from ..types import GGMLType, type_name
 from ..dispatch import op
-from ..shapes import check_layout, fail, ne4, nonempty, tile_to
+from ..shapes import check_layout, check_tiles, fail, ne4, nonempty, tile_to
 
 f32 = np.float32
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -69,22 +69,38 @@ _BINARY_TYPES = {"f32": ("f32",), "f16": ("f16", "f32"), "bf16": ("bf16", "f32")
 _F32 = np.dtype(np.float32)
 
 
-def _binary(name, a, b, fn):
-    if (type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == _F32 and b.dtype == _F32
-            and a.flags.c_contiguous and a.ndim >= b.ndim
-            and all(m == n or m == 1 for m, n in zip(b.shape, a.shape[a.ndim - b.ndim:]))):
-        # the models' case (x + y, x * norm weight, x + one row): b repeats over a's leading dims and its
-        # dims of 1, where ggml's tiling is NumPy's broadcast; one f32 operation per element, as below
-        with np.errstate(all="ignore"):
-            return fn(a, b)
-    x, ta = load_f32(name, a, tuple(_BINARY_TYPES))
-    tb = type_name(b)
-    if tb not in _BINARY_TYPES[ta]:
-        fail(name, f"src1 must be {'/'.join(_BINARY_TYPES[ta])} when src0 is {ta}, got {tb}", a=a, b=b)
-    check_layout(name, "rows", a=a)
-    y, _ = load_f32(name, b, _BINARY_TYPES[ta], "b")
+def _check_binary(name: str):
+    """The check of a binary op (add, sub, mul, div): a's and b's types (_BINARY_TYPES), a's rows packed, b
+    repeating to a's shape; add also takes a block-quantized a with b f32 of a's shape, rows packed. It reads
+    layouts only (`layout_check`)."""
+    def check(a, b):
+        if name == "add" and isinstance(a, QTensor) and a.traits.blck_size > 1:
+            if type_name(b) != "f32" or ne4(np.shape(b)) != ne4(a.shape):
+                fail("add", "a quantized a needs b f32 of the same shape", a=a, b=b)
+            check_layout("add", "rows", b=b)
+            return
+        ta, tb = type_name(a), type_name(b)
+        if ta not in _BINARY_TYPES:
+            fail(name, f"a must be {'/'.join(_BINARY_TYPES)}, got {ta}", a=a)
+        if tb not in _BINARY_TYPES[ta]:
+            fail(name, f"src1 must be {'/'.join(_BINARY_TYPES[ta])} when src0 is {ta}, got {tb}", a=a, b=b)
+        check_layout(name, "rows", a=a)
+        check_tiles(name, a, b)
+    return check
+
+
+def _values(x) -> tuple[np.ndarray, str]:
+    """x's values as f32 for reading (an f32 array as it is; f16 and bf16 widened exactly), and its type name."""
+    if type(x) is np.ndarray and x.dtype == _F32:
+        return x, "f32"
+    return load_f32("", x)
+
+
+def _binary(a, b, fn):
+    """fn(a, b tiled to a) in f32, rounded once to a's type (the ops' check has run)."""
+    x, t = _values(a)
     with np.errstate(all="ignore"):
-        return store_as(fn(x, tile_to(name, x, y)), ta)
+        return store_as(fn(x, tile_to(x, _values(b)[0])), t)
 
 
 # block types ggml-cpu's add/add1 requantize to: those whose CPU type traits have a from_float
@@ -104,7 +120,7 @@ def _quant_add(name, a: QTensor, v: np.ndarray) -> QTensor:
         return quantize(dequantize(a) + v, a.type, method="cpu")
 
 
-@op("add")
+@op("add", check=_check_binary("add"), layout_check=True)
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_add: a + b, b tiled over a (every ne of a a multiple of b's).
 
@@ -117,14 +133,11 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     row is dequantized, added in f32 and requantized with ggml-cpu's from_float (quantize(method="cpu")).
     """
     if isinstance(a, QTensor) and a.traits.blck_size > 1:
-        if type_name(b) != "f32" or ne4(np.shape(b)) != ne4(a.shape):
-            fail("add", "a quantized a needs b f32 of the same shape", a=a, b=b)
-        check_layout("add", "rows", b=b)
         return _quant_add("add", a, np.asarray(b).reshape(a.shape))
-    return _binary("add", a, b, np.add)
+    return _binary(a, b, np.add)
 
 
-@op("sub")
+@op("sub", check=_check_binary("sub"), layout_check=True)
 def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_sub: a - b, b tiled over a (every ne of a a multiple of b's).
 
@@ -134,10 +147,10 @@ def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     Computed in f32, rounded once to a's type.
     """
-    return _binary("sub", a, b, np.subtract)
+    return _binary(a, b, np.subtract)
 
 
-@op("mul")
+@op("mul", check=_check_binary("mul"), layout_check=True)
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_mul: a * b, b tiled over a (every ne of a a multiple of b's).
 
@@ -147,10 +160,10 @@ def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     E.g. the norm weight: rms_norm(x) (n_tokens, n_embd) * attn_norm (n_embd,). f32, rounded once.
     """
-    return _binary("mul", a, b, np.multiply)
+    return _binary(a, b, np.multiply)
 
 
-@op("div")
+@op("div", check=_check_binary("div"), layout_check=True)
 def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_div: a / b, b tiled over a (every ne of a a multiple of b's).
 
@@ -160,7 +173,7 @@ def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     Computed in f32, rounded once to a's type.
     """
-    return _binary("div", a, b, np.divide)
+    return _binary(a, b, np.divide)
 
 
 @op("add1")

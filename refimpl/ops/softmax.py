@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import op
-from ..shapes import fail, ne4, tile_to
+from ..shapes import fail, ne4, check_tiles, tile_to
 
 
 def _exp_f32(x: np.ndarray) -> np.ndarray:
@@ -76,7 +76,9 @@ def soft_max_ext(a: np.ndarray, mask: np.ndarray | None = None, scale: float = 1
             fail("soft_max_ext", "mask needs ne0 == a.ne0, ne1 >= a.ne1, a.ne2 % ne2 == 0, a.ne3 % ne3 == 0",
                  a=a, mask=mask)
         m4 = mask.reshape(nm[::-1])[:, :, :na[1], :].astype(np.float64)
-        m = tile_to("soft_max_ext", a.reshape(na[::-1]), m4)
+        a4 = a.reshape(na[::-1])
+        check_tiles("soft_max_ext", a4, m4)
+        m = tile_to(a4, m4)
         s4 = slopes.astype(np.float64)[None, :, None, None]
         with np.errstate(invalid="ignore"):
             w = (w.reshape(na[::-1]).astype(np.float64) + s4 * m).astype(np.float32).reshape(a.shape)

@@ -31,7 +31,7 @@ from ...ops import elementwise as ew
 from ...ops.elementwise import cap_clamp, map_glu, map_unary
 from ...types import type_name
 from ...ops.rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL
-from ...shapes import ne4, tile_to
+from ...shapes import ne4, check_tiles, tile_to
 from .simd import c_libm, chunk_split, vexp, vsilu
 from .vecdot import fma32, hsum_a, hsum_b
 
@@ -134,7 +134,9 @@ def soft_max_ext(a, mask=None, scale=1.0, max_bias=0.0, sinks=None):
             if (mask.dtype not in (np.float16, np.float32) or not mask.flags.c_contiguous or nm[0] != na[0]
                     or nm[1] < na[1] or na[2] % nm[2] or na[3] % nm[3]):
                 return NotImplemented
-            m = tile_to("soft_max_ext", a4, mask.reshape(nm[::-1])[:, :, :na[1], :].astype(f32))
+            m4 = mask.reshape(nm[::-1])[:, :, :na[1], :].astype(f32)
+            check_tiles("soft_max_ext", a4, m4)
+            m = tile_to(a4, m4)
             slope = alibi_slopes(na[2], max_bias)[None, :, None, None]
             w = fma32(slope, m, w)
         M = np.max(w, axis=-1, keepdims=True)
