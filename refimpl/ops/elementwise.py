@@ -245,14 +245,14 @@ def map_unary(name, a, f, types=FLOAT_TYPES, layout="rows"):
     """What every unary op shares: a's values in f32 (f16/bf16 exactly), f applied, rounded once to a's type;
     fails (naming op `name`) unless a's type is in `types` and its layout is `layout`. The ggml-numerics
     emulations (refimpl.kernels.ggml) call it with their own f."""
-    if type(a) is np.ndarray and a.dtype == _F32 and a.flags.c_contiguous and "f32" in types:
-        with np.errstate(all="ignore"):           # f32, packed: nothing to load, check or round (~25 us less)
-            y = f(a)
-        return np.array(y, np.float32) if y is a or not isinstance(y, np.ndarray) or y.dtype != _F32 else y
-    x, t = load_f32(name, a, types)
+    t = type_name(a)
+    if t not in types:
+        fail(name, f"a must be {'/'.join(types)}, got {t}", a=a)
     check_layout(name, layout, a=a)
+    x = _values(a)[0]
     with np.errstate(all="ignore"):
-        return store_as(f(x), t)
+        y = f(x)
+    return store_as(np.array(y) if y is a else y, t)   # (an f that returns its input: a new array all the same)
 
 
 def _unary_doc(call: str, math_: str, note: str = "", types: str = "f32/f16/bf16") -> str:
