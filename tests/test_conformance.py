@@ -123,3 +123,30 @@ def test_a_crash_is_the_backend_s_verdict_and_the_report_takes_it(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text(verdicts.to_json(crash) + "\n")
     assert read_cases(path)[0]["err_backend"] == math.inf
+
+
+def test_a_case_without_a_result_in_time_is_killed_and_undecided(tmp_path):
+    """--case-timeout: test-backend-ops that judges nothing for `limit` seconds is killed (a device that sits on
+    one case for tens of minutes, as lavapipe did on a MUL_MAT), and the case is `undecided`, with the reason."""
+    import subprocess
+    import sys
+    import time
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps({"op": "ADD"}) + "\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    t0 = time.monotonic()
+    assert conformance._follow(proc, raw, lambda m: None, t0, limit=1.0) is True
+    assert proc.returncode is not None and time.monotonic() - t0 < 30
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert conformance._follow(done, raw, lambda m: None, t0, limit=60.0) is False
+    rec = conformance._timeout_record("MUL_MAT(type_a=nvfp4,n=6)", "Vulkan0", 900.0)
+    assert rec["verdict"] == "undecided" and rec["timeout"] == 900.0 and "900 s" in rec["reason"]
+    meta = {"backend": "vulkan", "device": "Vulkan0", "about": "x", "cpu": "x", "date": "d", "seconds": 1.0}
+    assert "| MUL_MAT | 1 | 0 | 0 | 0 | 0 | 1 |" in write_report([rec], meta, tmp_path).read_text()
+
+
+def test_case_timeout_flag_is_checked(capsys):
+    from refimpl.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["conformance", "-b", "cpu", "--case-timeout", "0", "-o", "ADD"])
+    assert e.value.code == 2 and "--case-timeout wants a number > 0" in capsys.readouterr().err

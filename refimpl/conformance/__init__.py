@@ -35,10 +35,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cliargs import above
 from .verdicts import VERDICTS, ConformanceError, judge, read_cases, summarize, to_json, verdict  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 SUBSETS = {"ci": Path(__file__).parents[1] / "data" / "conformance" / "ci.txt"}   # scripts/conformance_subset.py
+CASE_TIMEOUT = 900.0        # seconds without a judged case before test-backend-ops is killed (--case-timeout)
 
 
 
@@ -140,10 +142,11 @@ def _unknown_ops(names: list[str]) -> ConformanceError:
 
 
 def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: dict, out: Path, tag: str,
-          progress, t0) -> tuple[list[dict], list[dict], list[str], list | None]:
-    """One test-backend-ops run under the judge on `device`, going on after a crash: (the patch's lines, parsed;
-    a record per crash; the cases the device cannot run; test-backend-ops' listing of the selection where a
-    crash made it read it)."""
+          progress, t0, case_timeout: float = math.inf) -> tuple[list[dict], list[dict], list[str], list | None]:
+    """One test-backend-ops run under the judge on `device`, going on after a crash or a case that gives no result
+    within `case_timeout` seconds (the process is killed and restarted after it): (the patch's lines, parsed;
+    a record per crash or time-out; the cases the device cannot run; test-backend-ops' listing of the selection
+    where a crash made it read it)."""
     raw_path = out / f"raw{tag}.jsonl"
     raw_path.unlink(missing_ok=True)
     env = {**env, "GGML_JUDGE_OUT": str(raw_path)}
@@ -156,8 +159,8 @@ def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: d
         cmd += ["-p", params] if params else []
         with open(log_path, "a") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            _follow(proc, raw_path, progress, t0)
-        if proc.returncode in (0, 1):           # 1: some case failed, which the verdicts say
+            stalled = _follow(proc, raw_path, progress, t0, case_timeout)
+        if proc.returncode in (0, 1) and not stalled:           # 1: some case failed, which the verdicts say
             break
         # it died on a case: the backend's crash is that case's verdict, and the run goes on after it
         if listing is None:
@@ -181,9 +184,14 @@ def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: d
         todo += [c for c in extra if c not in listed and judged[c] <= 0 and c not in todo]
         if not todo:
             break
-        crashes.append(_crash_record(todo[0], device, proc.returncode))
-        progress(f"conformance: test-backend-ops died (exit status {proc.returncode}) on {todo[0]}; "
-                 f"going on with the {len(todo) - 1} cases after it")
+        if stalled:
+            crashes.append(_timeout_record(todo[0], device, case_timeout))
+            progress(f"conformance: no result within {case_timeout:.0f} s on {todo[0]} (test-backend-ops killed); "
+                     f"going on with the {len(todo) - 1} cases after it")
+        else:
+            crashes.append(_crash_record(todo[0], device, proc.returncode))
+            progress(f"conformance: test-backend-ops died (exit status {proc.returncode}) on {todo[0]}; "
+                     f"going on with the {len(todo) - 1} cases after it")
         if len(todo) == 1:
             break
         selection = ",".join(todo[1:])
@@ -207,7 +215,7 @@ def _cpu_alone(raw_rec: dict, device: str) -> dict:
 
 def run(backend: str, ops: str | None = None, params: str | None = None, out: str | os.PathLike | None = None,
         *, cases_file: str | os.PathLike | None = None, second_reference: bool = True, cpu_alone: bool = True,
-        progress=print) -> dict:
+        case_timeout: float = CASE_TIMEOUT, progress=print) -> dict:
     """Judge `backend` (a name of BACKENDS) on test-backend-ops' cases (`ops`: its -o, `params`: its -p, or
     `cases_file`: one full case string per line); write DIR/raw.jsonl (the patch's lines), DIR/cases.jsonl (the
     records), DIR/unsupported.txt (the cases the backend cannot run), DIR/report.md and DIR/meta.json; return the
@@ -250,13 +258,14 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
         progress(f"conformance: {be.device} against refimpl (exact, {servers[0].endpoint}) and ggml-cpu"
                  + (f"; refimpl ggml numerics ({servers[1].endpoint}) where they disagree" if second_reference
                     else ""))
-        raws, crashes, unsupported, _ = _pass(bindir, be.device, ops, params, env, out, "", progress, t0)
+        raws, crashes, unsupported, _ = _pass(bindir, be.device, ops, params, env, out, "", progress, t0,
+                                              case_timeout)
         records = [judge(r) for r in raws] + crashes
         if cpu_alone and be.device != "CPU" and unsupported:
             # what the backend cannot run, ggml-cpu (its reference mode, as test-backend-ops uses it) judged alone
             progress(f"conformance: the {len(unsupported)} cases {be.device} cannot run, on ggml-cpu alone")
             raws, crashes, unsupported, _ = _pass(bindir, "CPU", ",".join(unsupported), None, env, out,
-                                                  "-cpu-alone", progress, t0)
+                                                  "-cpu-alone", progress, t0, case_timeout)
             records += [judge(_cpu_alone(r, be.device)) for r in raws] + crashes
     finally:
         for s in servers:
@@ -309,9 +318,20 @@ def _crash_record(case: str, device: str, status: int) -> dict:
             "reason": f"test-backend-ops died on this case ({how}); the cases before it ran in the same process"}
 
 
-def _follow(proc: subprocess.Popen, raw_path: Path, progress, t0: float, every: float = 10.0) -> None:
-    """Wait for test-backend-ops, printing a progress line every `every` seconds and at the end."""
+def _timeout_record(case: str, device: str, limit: float) -> dict:
+    """A case that gave no result within `limit` seconds: `undecided` -- the backend, ggml-cpu or refimpl may be
+    the slow one, and nothing was computed to compare."""
+    return {"op": case.split("(", 1)[0], "case": case, "backend": device, "budget": None, "err_backend": None,
+            "err_cpu": None, "cpu_supported": True, "verdict": "undecided", "timeout": limit,
+            "reason": f"no result within {limit:.0f} s (--case-timeout): test-backend-ops was killed on this case"}
+
+
+def _follow(proc: subprocess.Popen, raw_path: Path, progress, t0: float, limit: float = math.inf,
+            every: float = 10.0) -> bool:
+    """Wait for test-backend-ops, printing a progress line every `every` seconds and at the end; kill it when no
+    case has been judged for `limit` seconds, and say so (True)."""
     seen, last_op, shown = 0, "", time.monotonic()
+    last_result = time.monotonic()
     pos = raw_path.stat().st_size if raw_path.exists() else 0
     while True:
         done = proc.poll() is not None
@@ -324,12 +344,17 @@ def _follow(proc: subprocess.Popen, raw_path: Path, progress, t0: float, every: 
             for ln in lines[:-1]:
                 seen += 1
                 last_op = json.loads(ln)["op"]
+                last_result = time.monotonic()
         if done or time.monotonic() - shown >= every:
             progress(f"conformance: [{time.monotonic() - t0:6.0f} s] {seen:5d} cases judged"
                      + (f", now {last_op}" if last_op and not done else ""))
             shown = time.monotonic()
         if done:
-            break
+            return False
+        if time.monotonic() - last_result > limit:
+            proc.kill()
+            proc.wait()
+            return True
         time.sleep(0.5)
 
 
@@ -362,6 +387,10 @@ def add_parser(sub) -> None:
                    "./conformance-BACKEND-DATE)")
     s.add_argument("--no-cpu-alone", action="store_true", help="skip the second pass, which judges ggml-cpu alone "
                    "on the cases the backend cannot run (test-backend-ops skips them)")
+    s.add_argument("--case-timeout", type=above(0, "case-timeout"), default=CASE_TIMEOUT, metavar="SECONDS",
+                   help=f"a case with no result after this long is `undecided` (timeout) and the run goes on after "
+                   f"it (default {CASE_TIMEOUT:.0f}; a slow device such as lavapipe can sit on one case for tens of "
+                   "minutes)")
     s.add_argument("--no-second-reference", action="store_true", help="skip refimpl's ggml numerics (the "
                    "'undecided' check where the sides disagree)")
     s.add_argument("--model", metavar="GGUF", help="judge a whole model instead of test-backend-ops' cases: "
@@ -383,7 +412,7 @@ def cli(args) -> int:
     cases = SUBSETS[args.subset] if args.subset else args.cases
     s = run(args.backend, args.ops, args.params, args.out, cases_file=cases,
             second_reference=not args.no_second_reference, cpu_alone=not args.no_cpu_alone,
-            progress=lambda m: print(m, file=sys.stderr))
+            case_timeout=args.case_timeout, progress=lambda m: print(m, file=sys.stderr))
     print(summary_line(args.backend, s))
     return 0
 
