@@ -129,15 +129,12 @@ def _glu(kind, x, g, tab, out, lo, hi):
     """Rows lo..hi-1 of x, g (rows, n) (views into a's halves or a and b) into out (rows, n)."""
     n = out.shape[1]
     for r in range(lo, hi):
-        if kind == SILU:                   # silu(x) * g: the row's silu, then the products
+        if kind == SILU or kind == GELU:   # the row's silu or gelu, then the products
             gr, o = g[r], out[r]
-            _silu_into(x[r], o)
-            for i in range(n):
-                o[i] = o[i] * gr[i]
-            continue
-        if kind == GELU:                   # gelu(x), then the products
-            gr, o = g[r], out[r]
-            _gelu_formula_into(x[r], o)
+            if kind == SILU:
+                _silu_into(x[r], o)
+            else:
+                _gelu_formula_into(x[r], o)
             for i in range(n):
                 o[i] = o[i] * gr[i]
             continue

@@ -21,7 +21,7 @@ close to one (2^6 ulps margin) took the libm path. tests/kernels/test_vexp.py ch
 f64 exp on 10^7 drawn and on special inputs.
 
 `tanh_poly` does the same for fl32(tanh(f64 y)) (the formula GELU's tanh): y, tanh(y) odd, on a = |y|: below
-2^-4 its Taylor polynomial to a^13 (truncation < 2^-64 relative), above (E - 1) / (E + 1) with E = `_exp_poly`(2a)
+2^-4 its Taylor polynomial to a^13 (truncation < 2^-64 relative), above (E - 1) / (E + 1) with E = `_exp_core`(2a)
 (a clamped at 20, where tanh is 1 in f64), whose cancellation in E - 1 leaves it within 2^-46.5 relative, under
 2^7 f64 ulps; TANH_MARGIN is 2^10 ulps, so about one element in 2^18 takes libm's tanh.
 """
@@ -86,10 +86,9 @@ _COEFFS = (1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
 
 
 @njit(inline="always")
-def _exp_poly(x):
-    """(y, ok): y within 4 ulps of e^x for f64 x in [-87, 88], ok = y decides fl32(e^x) (see the module);
-    below -104 (-inf too) y = 0 and above 89 (+inf too) y = inf, which are fl32(e^x) there (e^-104 < 2^-150,
-    half the smallest f32 subnormal; e^89 > the f32 overflow threshold)."""
+def _exp_core(x):
+    """y within 4 ulps of e^x for f64 x in [-87, 88] (see the module), without range handling: straight-line
+    code a loop vectorizes (`tanh_poly`, x in [0, 40]); `_exp_poly` adds the ranges and the ok flag."""
     t = x * INV_LN2 + ROUND                       # rounded twice: k is an integer, all it needs
     kb = _bits(t) - _ROUND_BITS                  # k = round(x / ln 2), from t's low bits
     k = t - ROUND
@@ -97,7 +96,15 @@ def _exp_poly(x):
     p = _C13
     for c in _COEFFS:                             # Horner: 1/12!, 1/11!, ..., 1/2, 1, 1
         p = _fma(p, r, c)
-    y = p * _from_bits((kb + 1023) << 52)
+    return p * _from_bits((kb + 1023) << 52)
+
+
+@njit(inline="always")
+def _exp_poly(x):
+    """(y, ok): y within 4 ulps of e^x for f64 x in [-87, 88], ok = y decides fl32(e^x) (see the module);
+    below -104 (-inf too) y = 0 and above 89 (+inf too) y = inf, which are fl32(e^x) there (e^-104 < 2^-150,
+    half the smallest f32 subnormal; e^89 > the f32 overflow threshold)."""
+    y = _exp_core(x)
     low = (_bits(y) & LO29) - HALF29
     plain = (x >= -87.0) & (x <= 88.0)
     ok = (plain & ((low > MARGIN) | (low < -MARGIN))) | (x < -104.0) | (x > 89.0)
@@ -109,19 +116,6 @@ TANH_MARGIN = 1 << 10                        # f64 ulps around an f32 rounding b
 _TANH_SMALL = 0.0625
 _TANH_COEFFS = (21844.0 / 6081075.0, -1382.0 / 155925.0, 62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0)
 _TANH_C3 = -1.0 / 3.0
-
-
-@njit(inline="always")
-def _exp_core(x):
-    """`_exp_poly`'s y without its range handling (x in [0, 40] here): straight-line code a loop vectorizes."""
-    t = x * INV_LN2 + ROUND
-    kb = _bits(t) - _ROUND_BITS
-    k = t - ROUND
-    r = (x - k * LN2_HI) - k * LN2_LO
-    p = _C13
-    for c in _COEFFS:
-        p = _fma(p, r, c)
-    return p * _from_bits((kb + 1023) << 52)
 
 
 @njit(inline="always")

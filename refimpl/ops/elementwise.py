@@ -89,11 +89,11 @@ def _check_binary(name: str):
     return check
 
 
-def _values(x) -> tuple[np.ndarray, str]:
-    """x's values as f32 for reading (an f32 array as it is; f16 and bf16 widened exactly), and its type name."""
-    if type(x) is np.ndarray and x.dtype == _F32:
+def _values(x, name: str = "", types=FLOAT_TYPES) -> tuple[np.ndarray, str]:
+    """load_f32 for reading only: an f32 array as it is (no copy), f16 and bf16 widened exactly; its type name."""
+    if type(x) is np.ndarray and x.dtype == _F32 and "f32" in types:
         return x, "f32"
-    return load_f32("", x)
+    return load_f32(name, x, types)
 
 
 def _binary(a, b, fn):
@@ -245,11 +245,8 @@ def map_unary(name, a, f, types=FLOAT_TYPES, layout="rows"):
     """What every unary op shares: a's values in f32 (f16/bf16 exactly), f applied, rounded once to a's type;
     fails (naming op `name`) unless a's type is in `types` and its layout is `layout`. The ggml-numerics
     emulations (refimpl.kernels.ggml) call it with their own f."""
-    t = type_name(a)
-    if t not in types:
-        fail(name, f"a must be {'/'.join(types)}, got {t}", a=a)
+    x, t = _values(a, name, types)
     check_layout(name, layout, a=a)
-    x = _values(a)[0]
     with np.errstate(all="ignore"):
         y = f(x)
     return store_as(np.array(y) if y is a else y, t)   # (an f that returns its input: a new array all the same)
