@@ -128,6 +128,8 @@ def tile_to(a, b) -> np.ndarray:
                 break
         else:
             return b
+    if 0 in sa:                           # nothing to tile into (np.tile would still walk the repeats)
+        return np.empty(sa, b.dtype)
     na, nb = ne4(sa), ne4(sb)
     reps = [x // y for x, y in zip(na[::-1], nb[::-1])]
     return np.tile(as4(b), reps).reshape(sa)

@@ -115,10 +115,10 @@ def _reg(*names):
     return deco
 
 
-# -- output shapes that op_params imply --------------------------------------------------------------------
-# For the ops whose result's size comes from op_params (ggml.c computes `ne` from them when the graph is
-# built), ggml's formula: the server compares it with the node's own ne before the op allocates anything, so
-# that hostile op_params cannot make an op allocate past what the node holds.
+# -- output shapes that op_params and sources imply -----------------------------------------------------------
+# For the ops whose result's size comes from op_params or from a product of their sources' sizes (ggml.c
+# computes `ne` from them when the graph is built), ggml's formula: the server compares it with the node's own
+# ne before the op allocates anything, so that a hostile node cannot make an op allocate past what it holds.
 # (node ne, sources' ne, params) -> the ne ggml would give the node, or None when the params are impossible
 SHAPES: dict[str, Callable] = {}
 
@@ -190,6 +190,33 @@ def _im2col_ne(ne, src, p):
     if ow is None or oh is None:
         return None
     return [a[2] * a[1] * a[0], ow, oh, b[3]] if is_2d else [a[1] * a[0], ow, b[2], 1]
+
+
+# The ops whose result is a product of their sources' sizes (rows x ids, M x N): a node that names a smaller ne
+# would let the op compute the bigger result before the store refuses it.
+@_shape("GET_ROWS")
+def _get_rows_ne(ne, src, p):
+    return [src[0][0], src[1][0], src[1][1], src[1][2]] if len(src) >= 2 else None
+
+
+@_shape("MUL_MAT")
+def _mul_mat_ne(ne, src, p):
+    return [src[0][1], src[1][1], src[1][2], src[1][3]] if len(src) >= 2 else None
+
+
+@_shape("OUT_PROD")
+def _out_prod_ne(ne, src, p):
+    return [src[0][0], src[1][0], src[1][2], src[1][3]] if len(src) >= 2 else None
+
+
+@_shape("MUL_MAT_ID")
+def _mul_mat_id_ne(ne, src, p):
+    return [src[0][1], src[2][0], src[1][2], 1] if len(src) >= 3 else None
+
+
+@_shape("FLASH_ATTN_EXT")
+def _flash_attn_ext_ne(ne, src, p):
+    return [src[2][0], src[0][2], src[0][1], src[0][3]] if len(src) >= 3 else None
 
 
 def implied_ne(op: str, ne: list[int], srcs: list[list[int]], p: Params) -> list[int] | None:

@@ -155,6 +155,15 @@ def _elements(n: Node) -> int:
     return e
 
 
+def _extent(n: Node) -> int:
+    """n's elements with every empty dimension counted as 1: what a loop over its dimensions may cost even when
+    it holds no element (a source of ne [16, 0, 1, 2^25] is empty, but an op that walks its batches walks 2^25)."""
+    e = 1
+    for x in n.ne:
+        e *= max(int(x), 1)
+    return e
+
+
 def _aliasing(n: Node) -> bool:
     """Whether n's elements cannot all have bytes of their own: more elements than its byte extent holds."""
     return _elements(n) // n.blck * n.tsize > n.nbytes
@@ -165,13 +174,13 @@ def _work(n: Node, tensors: dict[int, Node]) -> int:
     the products, plus a fixed cost per node."""
     out = _elements(n)
     srcs = [tensors[s] for s in n.src if s]
-    w = out + sum(_elements(t) for t in srcs)
+    w = out + sum(_extent(t) for t in srcs)
     reduced = {"MUL_MAT": (0, 0), "MUL_MAT_ID": (0, 0), "OUT_PROD": (0, 1), "FLASH_ATTN_EXT": (1, 1)}
     if n.op_name in reduced and len(srcs) > reduced[n.op_name][0]:
         src, dim = reduced[n.op_name]
         w += out * max(int(srcs[src].ne[dim]), 1)          # K of a product, the keys of attention
     elif n.op_name.startswith("CONV") and len(srcs) > 1:
-        w += out * max(_elements(srcs[0]), 1)               # an upper bound: every output reads the whole kernel
+        w += out * _extent(srcs[0])               # an upper bound: every output reads the whole kernel
     return w + NODE_WORK
 
 
@@ -523,7 +532,10 @@ class Connection:
         want = ggml_ops.implied_ne(n.op_name, n.ne, [tensors[s].ne for s in n.src if s], n.params)
         if want != n.ne:
             raise ggml_ops.Unsupported(f"its op_params and sources imply ne {want}, the node has ne {n.ne}")
-        need = 8 * (_elements(n) + sum(_elements(tensors[s]) for s in n.src if s))
+        need = 8 * (_elements(n) + sum(_extent(tensors[s]) for s in n.src if s))
+        if n.op_name == "FLASH_ATTN_EXT" and n.src[0] and n.src[1]:
+            q, k = tensors[n.src[0]], tensors[n.src[1]]
+            need += 32 * _extent(q) // max(q.ne[0], 1) * max(k.ne[1], 1)    # the scores and their softmax, f64
         free = self.server.memory.free_now()
         if need > free:
             raise ggml_ops.Unsupported(f"it needs up to {need} bytes of temporaries; --mem has {free} free")

@@ -58,6 +58,13 @@ def test_binary_ops_reject_what_ggml_rejects():
         mul(np.ones((6, 4), np.float32).T, a)           # src0 rows strided
 
 
+
+def test_an_empty_a_is_an_empty_result_without_tiling_b():
+    # ggml_can_repeat accepts b over an empty a (0 % ne == 0) and ggml-cpu computes nothing; tiling b to a's
+    # 2^28 empty rows first took 8 s and gigabytes (found by fuzzing the RPC server)
+    a = np.zeros((1 << 28, 0), np.float32)
+    r = add(a, np.ones((4, 16), np.float32))
+    assert r.shape == a.shape and r.dtype == np.float32
 @given(arrays(-4, 4))
 def test_f16_and_bf16_are_the_f32_result_rounded_once(x):
     h = x.astype(np.float16)

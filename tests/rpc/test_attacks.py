@@ -83,6 +83,24 @@ def test_temporaries_beyond_mem_are_refused_before_they_are_made(hostile, rpc_lo
     hostile.check()
 
 
+def test_an_empty_source_with_huge_dimensions_is_charged_for_its_batches(hostile, rpc_log):
+    # found by the coverage-guided fuzzer: a source with no element (ne1 = 0) but 2^25 batches made MUL_MAT
+    # walk 2^25 empty batches in Python (20 s) inside a graph that counted as no work at all
+    hostile.max_graph_work = 1 << 24
+    with Client("127.0.0.1", hostile.port) as c:
+        buf, _ = c.alloc_buffer(1 << 16)
+        base = c.buffer_get_base(buf)
+        a = T(1, "f32", [16, 0, 1, 1 << 25], buf, base, nb=[4, 64, 256, 256])
+        b = T(2, "f32", [16, 41, 1 << 24, 0], buf, base + 1024, nb=[4, 64, 256, 256])
+        out = T(3, "f32", [4, 4], buf, base + 2048, op="MUL_MAT", src=[a, b])
+        t0 = time.monotonic()
+        graph(c, [out], [a, b, out])
+        assert time.monotonic() - t0 < 2.0
+        assert np.isnan(np.frombuffer(c.get_tensor(out, 0, 64), np.float32)).all()
+    assert any("--max-graph-work" in m for m in rpc_log.messages()), rpc_log.messages()
+    hostile.check()
+
+
 @pytest.mark.parametrize("op, params, srcs", [
     ("ARANGE", np.float32([0, 1e12, 1]).view(np.int32), 0),              # 10^12 steps for a node of 16
     ("TIMESTEP_EMBEDDING", np.int32([1 << 30, 10000]), 1),                 # dim 2^30
@@ -90,6 +108,9 @@ def test_temporaries_beyond_mem_are_refused_before_they_are_made(hostile, rpc_lo
     ("POOL_2D", np.int32([0, 1, 1, 1, 1, -(1 << 30), -(1 << 30)]), 1),     # a huge negative padding
     ("CONV_TRANSPOSE_1D", np.int32([1 << 30, 0, 1]), 2),                   # stride 2^30
     ("IM2COL", np.int32([0, 0, 0, 0, 1, 1, 1]), 2),                        # stride 0
+    # results that are a product of the sources' sizes (found by fuzzing: GET_ROWS of 1,026 rows of 65,600
+    # into a node of 128 made 290 MB before the store refused it)
+    ("GET_ROWS", None, 2), ("MUL_MAT", None, 2), ("OUT_PROD", None, 2),
 ])
 def test_op_params_that_imply_a_bigger_result_are_refused_first(hostile, rpc_log, op, params, srcs):
     hostile.max_graph_work = float("inf")
