@@ -259,10 +259,13 @@ def col2im_1d(a, s0: int, oc: int, p0: int = 0):
     if K * oc != K_OC or K <= 0 or T_out <= 0:
         fail("col2im_1d", f"a.ne0 must be K*oc with K > 0 and T_out = {T_out} > 0 (oc={oc})", a=a)
     cols = (dequantize(a) if is_bf16 else a.astype(np.float32)).reshape(T_in, oc, K)
-    full = np.zeros((oc, (T_in - 1) * s0 + K), np.float32)
+    out = np.zeros((oc, T_out), np.float32)     # the kept window of the full (T_in - 1)*s0 + K signal
     for k in range(K - 1, -1, -1):               # per output: t_in ascending == k descending
-        full[:, k:k + (T_in - 1) * s0 + 1:s0] += cols[:, :, k].T
-    out = np.ascontiguousarray(full[:, p0:p0 + T_out])
+        lo = max(0, -(-(p0 - k) // s0))          # the t_in whose position t_in*s0 + k - p0 is in [0, T_out)
+        hi = min(T_in - 1, (T_out - 1 + p0 - k) // s0)
+        if lo <= hi:
+            start = lo * s0 + k - p0
+            out[:, start:start + (hi - lo) * s0 + 1:s0] += cols[lo:hi + 1, :, k].T
     if is_bf16:
         return quantize(out, GGMLType.BF16, method="ref")
     return out.astype(a.dtype)

@@ -130,8 +130,11 @@ def _shape(name):
     return deco
 
 
-def _conv_out(ins, ks, s, p, d):              # ggml_calc_conv_output_size
-    return (ins + 2 * p - d * (ks - 1) - 1) // s + 1 if s > 0 else None
+def _conv_out(ins, ks, s, p, d):              # ggml_calc_conv_output_size (C's division, toward zero)
+    if s <= 0:
+        return None
+    num = ins + 2 * p - d * (ks - 1) - 1
+    return (num // s if num >= 0 else -(-num // s)) + 1
 
 
 def _pool_out(ins, ks, s, p):                 # ggml_calc_pool_output_size (float p, truncated)
@@ -190,6 +193,78 @@ def _im2col_ne(ne, src, p):
     if ow is None or oh is None:
         return None
     return [a[2] * a[1] * a[0], ow, oh, b[3]] if is_2d else [a[1] * a[0], ow, b[2], 1]
+
+
+@_shape("IM2COL_3D")
+def _im2col_3d_ne(ne, src, p):
+    s0, s1, s2, p0, p1, p2, d0, d1, d2, ic = (p.i(k) for k in range(10))
+    a, b = src
+    outs = [_conv_out(b[k], a[k], s, q, d) for k, s, q, d in ((0, s0, p0, d0), (1, s1, p1, d1), (2, s2, p2, d2))]
+    if ic <= 0 or None in outs:
+        return None
+    return [a[0] * a[1] * a[2] * ic, outs[0], outs[1], outs[2] * (b[3] // ic)]
+
+
+@_shape("CONV_2D")
+def _conv_2d_ne(ne, src, p):
+    s0, s1, p0, p1, d0, d1 = (p.i(k) for k in range(6))
+    a, b = src
+    o0, o1 = _conv_out(b[0], a[0], s0, p0, d0), _conv_out(b[1], a[1], s1, p1, d1)
+    return None if o0 is None or o1 is None else [o0, o1, a[3], b[3]]
+
+
+@_shape("CONV_2D_DW")
+def _conv_2d_dw_ne(ne, src, p):
+    s0, s1, p0, p1, d0, d1 = (p.i(k) for k in range(6))
+    a, b = src
+    o0, o1 = _conv_out(b[0], a[0], s0, p0, d0), _conv_out(b[1], a[1], s1, p1, d1)
+    return None if o0 is None or o1 is None else [o0, o1, b[2], b[3]]
+
+
+@_shape("CONV_3D")
+def _conv_3d_ne(ne, src, p):
+    s0, s1, s2, p0, p1, p2, d0, d1, d2, c, n, oc = (p.i(k) for k in range(12))
+    a, b = src
+    outs = [_conv_out(b[k], a[k], s, q, d) for k, s, q, d in ((0, s0, p0, d0), (1, s1, p1, d1), (2, s2, p2, d2))]
+    return None if None in outs else [*outs, oc * n]
+
+
+@_shape("COL2IM_1D")
+def _col2im_1d_ne(ne, src, p):
+    s0, oc, p0 = p.i(0), p.i(1), p.i(2)
+    if s0 <= 0 or oc <= 0 or p0 < 0:
+        return None
+    return [(src[0][1] - 1) * s0 + src[0][0] // oc - 2 * p0, oc, 1, 1]
+
+
+@_shape("PAD_REFLECT_1D")
+def _pad_reflect_1d_ne(ne, src, p):
+    return [src[0][0] + p.i(0) + p.i(1), *src[0][1:]]
+
+
+@_shape("WIN_PART")
+def _win_part_ne(ne, src, p):
+    w = p.i(2)
+    if w <= 0:
+        return None
+    npx, npy = -(-src[0][1] // w), -(-src[0][2] // w)
+    return [src[0][0], w, w, npx * npy]
+
+
+@_shape("SSM_SCAN")                             # K: the state snapshots kept after the outputs
+def _ssm_scan_ne(ne, src, p):
+    if len(src) < 7:
+        return None
+    s, x, ids = src[0], src[1], src[6]
+    return [math.prod(x) + p.i(0) * s[0] * s[1] * s[2] * ids[0], 1, 1, 1]
+
+
+@_shape("GATED_DELTA_NET")
+def _gated_delta_net_ne(ne, src, p):
+    if len(src) < 6:
+        return None
+    v = src[2]
+    return [v[0] * v[1], v[2] * v[3] + p.i(0) * v[0] * v[3], 1, 1]
 
 
 # The ops whose result is a product of their sources' sizes (rows x ids, M x N): a node that names a smaller ne

@@ -181,6 +181,10 @@ def _work(n: Node, tensors: dict[int, Node]) -> int:
         w += out * max(int(srcs[src].ne[dim]), 1)          # K of a product, the keys of attention
     elif n.op_name.startswith("CONV") and len(srcs) > 1:
         w += out * _extent(srcs[0])               # an upper bound: every output reads the whole kernel
+    elif n.op_name in ("POOL_1D", "POOL_2D", "POOL_2D_BACK") and srcs:
+        # the kernel is op_params, not a source: refimpl's pools walk its taps in Python, each over the output
+        taps = max(n.params.i(1), 1) * (max(n.params.i(2), 1) if n.op_name != "POOL_1D" else 1)
+        w += taps * (max(out, _extent(srcs[0])) + NODE_WORK)
     return w + NODE_WORK
 
 

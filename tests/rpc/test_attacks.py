@@ -111,6 +111,10 @@ def test_an_empty_source_with_huge_dimensions_is_charged_for_its_batches(hostile
     # results that are a product of the sources' sizes (found by fuzzing: GET_ROWS of 1,026 rows of 65,600
     # into a node of 128 made 290 MB before the store refused it)
     ("GET_ROWS", None, 2), ("MUL_MAT", None, 2), ("OUT_PROD", None, 2),
+    ("COL2IM_1D", np.int32([150994944, 1, 0]), 1),                       # stride 9 * 2^24: 3.4 GB (fuzzer)
+    ("CONV_2D", np.int32([1, 1, 1 << 20, 1 << 20, 1, 1]), 2),              # 2^20 of padding on each side
+    ("PAD_REFLECT_1D", np.int32([1 << 30, 0]), 1),
+    ("WIN_PART", np.int32([0, 0, 1 << 20]), 1),                            # 2^20 x 2^20 windows
 ])
 def test_op_params_that_imply_a_bigger_result_are_refused_first(hostile, rpc_log, op, params, srcs):
     hostile.max_graph_work = float("inf")
@@ -123,6 +127,22 @@ def test_op_params_that_imply_a_bigger_result_are_refused_first(hostile, rpc_log
         graph(c, [out], [*src, out])
         assert time.monotonic() - t0 < 2.0
     assert any("imply ne" in m for m in rpc_log.messages()), rpc_log.messages()
+    hostile.check()
+
+
+def test_a_pools_kernel_taps_count_as_work(hostile, rpc_log):
+    # POOL_2D's kernel is op_params: 2^15 x 2^15 taps over a 4 x 4 input padded to fit, into one output
+    # (refimpl walks the taps in Python: 2^30 steps)
+    with Client("127.0.0.1", hostile.port) as c:
+        buf, _ = c.alloc_buffer(1 << 16)
+        base = c.buffer_get_base(buf)
+        a = T(1, "f32", [4, 4], buf, base)
+        k, pad = 1 << 15, ((1 << 15) - 4) // 2
+        out = T(2, "f32", [1, 1], buf, base + 1024, op="POOL_2D", src=[a], params=np.int32([0, k, k, 1, 1, pad, pad]))
+        t0 = time.monotonic()
+        graph(c, [out], [a, out])
+        assert time.monotonic() - t0 < 2.0
+    assert any("--max-graph-work" in m for m in rpc_log.messages()), rpc_log.messages()
     hostile.check()
 
 
