@@ -39,8 +39,15 @@ chain of registration keys tried in order, then the reference body:
 An implementation registered without a backend serves every backend; one registered for a backend is tried
 first. An implementation returns NotImplemented for inputs it does not cover, and the next one in the chain
 runs. The ggml-numerics emulations live in refimpl.kernels.ggml and load on the first call under a ggml
-profile. Functions that are not ops (block dequantizers and quantizers) get kernels with
-`implements(reference_fn, backend)`; their caller asks `kernel_for(reference_fn)`.
+profile.
+
+Functions that are not ops (block dequantizers and quantizers, ggml's dot-product kernels) get kernels through
+the same `register`, with the reference function in place of the op's name, and the same chain:
+
+    @register(quants.dequantize_q4_0, backend="numba", numerics=KEYS)   # compiled, the same bits in every profile
+
+their caller asks `kernel_for(reference_fn)` (the first one registered for the active backend and profile,
+or None: run the reference function).
 """
 from __future__ import annotations
 
@@ -144,8 +151,9 @@ class OpInfo:
         return MappingProxyType({b: f for (b, k), f in self.impls.items() if b is not None and k == "exact"})
 
 
-OPS: dict[str, OpInfo] = {}
-KERNELS: dict[tuple[Callable, str], Callable] = {}     # (reference function, backend) -> kernel, for non-ops
+# the registry: what `op` and `register` record, read by the dispatch and the coverage report
+OPS: dict[str, OpInfo] = {}                # op name -> its reference body and implementations
+FUNCTIONS: dict[Callable, OpInfo] = {}     # a non-op reference function (a dequantizer) -> its implementations
 # what to import before the first call that needs it: kernels for a backend, emulations for a key
 _MODULES = {"numba": "refimpl.kernels", "cuda": "refimpl.kernels.cuda", "fast": "refimpl.kernels.fast",
             "ggml": "refimpl.kernels.ggml", "llamafile": "refimpl.kernels.ggml",
@@ -298,46 +306,52 @@ def _host_kwargs(kwargs: dict) -> dict:
     return dict(zip(kwargs, host_args(kwargs.values())))
 
 
-def register(name: str, backend: str | None = None, numerics: str | tuple[str, ...] = ("exact", "fast")):
-    """Register an implementation of op `name` (same signature as the op, without `numerics`) under a
-    backend (None: every backend) for one or more numerics keys (KEYS). A kernel that serves exact and fast
-    reads which with current_numerics()."""
+def register(target: str | Callable, backend: str | None = None,
+             numerics: str | tuple[str, ...] = ("exact", "fast")):
+    """Register an implementation of op `target` (its name; same signature as the op, without `numerics`),
+    or of a non-op reference function (the function itself; same signature), under a backend (None: every
+    backend) for one or more numerics keys (KEYS). A kernel that serves exact and fast reads which with
+    current_numerics()."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
     keys = (numerics,) if isinstance(numerics, str) else tuple(numerics)
     for k in keys:
         if k not in KEYS:
             raise ValueError(f"unknown numerics key {k!r}; one of {KEYS}")
+    if isinstance(target, str):
+        info = OPS[target]
+    else:
+        if backend is None:
+            raise ValueError(f"register({target.__qualname__}): a kernel of a non-op function names its backend")
+        info = FUNCTIONS.setdefault(target, OpInfo(target.__qualname__, target, ()))
 
     def deco(fn):
         for k in keys:
-            OPS[name].impls[(backend, k)] = fn
-        for info in OPS.values():            # resolved chains are stale now
-            info.chains.clear()
-        return fn
-    return deco
-
-
-def implements(ref: Callable, backend: str):
-    """Register a kernel for a function that is not an op (a block dequantizer or quantizer of
-    refimpl.quants), keyed by the reference function itself; `kernel_for(ref)` finds it."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
-
-    def deco(fn):
-        KERNELS[(ref, backend)] = fn
+            info.impls[(backend, k)] = fn
+        for i in (*OPS.values(), *FUNCTIONS.values()):      # resolved chains are stale now
+            i.chains.clear()
         return fn
     return deco
 
 
 def kernel_for(ref: Callable) -> Callable | None:
-    """The kernel registered with `implements(ref, ...)` for the active backend, or None (run ref)."""
+    """The implementation registered for the non-op function `ref` under the active backend and numerics
+    profile, best first as for an op (`register(ref, backend, numerics)`), or None: run ref itself."""
     b = _backend.get()
     if b == "numpy":
         return None
     if b not in _loaded:
         _load(b)
-    return KERNELS.get((ref, b))
+    info = FUNCTIONS.get(ref)
+    if info is None:
+        return None
+    key = (b, _numerics.get())
+    if key[1] not in NUMERICS:
+        raise ValueError(f"unknown numerics {key[1]!r} (REFIMPL_NUMERICS?); one of {tuple(NUMERICS)}")
+    chain = info.chains.get(key)
+    if chain is None:
+        chain = info.chains[key] = tuple(f for bk, f in _chain(info, *key) if bk == b)
+    return chain[0] if chain else None
 
 
 @contextlib.contextmanager

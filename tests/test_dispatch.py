@@ -117,3 +117,52 @@ def test_a_fusion_under_tapping_runs_its_sequence_and_names_its_intermediates():
     assert np.array_equal(got["up_act"], gelu(add(want_up, bias))) and np.array_equal(out, got["up_act"])
     with tapping(no_capture, product="up"):
         assert np.array_equal(mul_mat_add_gelu(w, x, bias), out)
+
+
+def test_a_non_op_function_has_its_kernels_in_the_one_registry():
+    """register(fn, backend, numerics) for a function that is not an op: kernel_for(fn) finds it under that
+    backend and a profile whose chain holds one of its keys, never under the NumPy backend, and the first
+    key of the chain wins (as for an op)."""
+    from refimpl import dispatch
+
+    def ref(x):                                 # a stand-in reference function
+        return x
+
+    def exact_kernel(x):
+        return x
+
+    def ggml_kernel(x):
+        return x
+
+    try:
+        dispatch.register(ref, "numba", ("exact", "fast"))(exact_kernel)
+        dispatch.register(ref, "numba", "ggml")(ggml_kernel)
+        with refimpl.backend("numba"):
+            assert dispatch.kernel_for(ref) is exact_kernel
+            with refimpl.numerics("fast"):
+                assert dispatch.kernel_for(ref) is exact_kernel
+            with refimpl.numerics("ggml"):
+                assert dispatch.kernel_for(ref) is ggml_kernel
+            assert dispatch.kernel_for(lambda x: x) is None            # nothing registered: run the function
+        with refimpl.backend("numpy"):
+            assert dispatch.kernel_for(ref) is None
+        with pytest.raises(ValueError, match="names its backend"):
+            dispatch.register(ref)(exact_kernel)
+    finally:
+        dispatch.FUNCTIONS.pop(ref, None)
+
+
+def test_every_dequantizer_kernel_is_registered_for_every_numerics_key():
+    """The Numba dequantizers compute the reference's bits, so each serves every profile: a dequantize under
+    the ggml profile runs the same kernel as under exact."""
+    pytest.importorskip("numba", reason="the Numba kernels need numba")
+    from refimpl import dispatch
+    from refimpl.quants import DEQUANTIZERS
+    with refimpl.backend("numba"):
+        dispatch.kernel_for(DEQUANTIZERS[refimpl.GGMLType.Q4_0])        # loads the backend's kernels
+        for t, fn in DEQUANTIZERS.items():
+            info = dispatch.FUNCTIONS.get(fn)
+            if info is None:
+                continue
+            assert {k for (b, k) in info.impls if b == "numba"} == set(dispatch.KEYS), t
+        assert sum(fn in dispatch.FUNCTIONS for fn in DEQUANTIZERS.values()) >= 20

@@ -1,7 +1,7 @@
 """Numba kernels of mul_mat with numerics="ggml": ggml-cpu's integer dot products, bit for bit.
 
 Each kernel replaces one dot function of refimpl/kernels/ggml/matmul.py (registered with
-`implements(<that function>, "numba")`; `matmul._dots` asks `kernel_for` and calls it under the numba
+`register(<that function>, "numba", KEYS)`; `matmul._dots` asks `kernel_for` and calls it under the numba
 backend) and computes the same bits: the same integer lanes (element e of a block feeds register lane
 (e % 32) // 4; integer sums are exact, so their order is free), converted to f32 by one rounding, the
 same f32 operations in the same order, `fma32` rounding once (LLVM's llvm.fma.f32: vfmadd, or a correctly
@@ -36,7 +36,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from ..dispatch import implements
+from ..dispatch import KEYS, register
 from .ggml import matmul as fm
 from ..quants import legacy
 from ._common import f16_bits, f16_to_f32, parallel_ranges
@@ -642,6 +642,6 @@ _KERNELS = [  # (NumPy dot function, rows kernel, activation reader, table)
 ]
 
 for _ref, _rows, _acts, _table in _KERNELS:
-    implements(_ref, "numba")(_kernel(_ref, _rows, _acts, np.ascontiguousarray(_table, np.int32)))
-implements(legacy.quantize_q8_0_cpu, "numba")(_q8_cpu_kernel(legacy.quantize_q8_0_cpu, False))
-implements(legacy.quantize_q8_1_cpu, "numba")(_q8_cpu_kernel(legacy.quantize_q8_1_cpu, True))
+    register(_ref, "numba", KEYS)(_kernel(_ref, _rows, _acts, np.ascontiguousarray(_table, np.int32)))
+register(legacy.quantize_q8_0_cpu, "numba", KEYS)(_q8_cpu_kernel(legacy.quantize_q8_0_cpu, False))
+register(legacy.quantize_q8_1_cpu, "numba", KEYS)(_q8_cpu_kernel(legacy.quantize_q8_1_cpu, True))

@@ -25,7 +25,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from ..dispatch import implements
+from ..dispatch import KEYS, register
 from ..quants import QUANTIZERS, fp4, iq, kquants, legacy, ternary
 from ..types import GGMLType, traits
 from ._common import (add_half_away, c_int8, c_uint8, f16_bits, f32_bits, f32_from_bits, fl16, nearest_int,
@@ -1023,4 +1023,4 @@ def _wrapper(ref, t, tid):
 
 for _ref, _t, _tid in _KERNELS:
     assert any(fn is _ref for fn in QUANTIZERS.values()), _ref
-    implements(_ref, "numba")(_wrapper(_ref, _t, _tid))
+    register(_ref, "numba", KEYS)(_wrapper(_ref, _t, _tid))

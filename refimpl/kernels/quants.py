@@ -11,7 +11,7 @@ Versions:
                                       driver each): what refimpl.dequantize runs on a whole tensor
 
 Each NumPy dequantizer in refimpl.quants gets a wrapper with its signature `(blocks, out=None) -> out`,
-registered with `implements(reference, "numba")`, so `refimpl.dequantize` runs it under the numba
+registered with `register(reference, "numba", KEYS)`, so `refimpl.dequantize` runs it under the numba
 backend. T is the tuple of lookup tables (`tables()`): the IQ codebooks of refimpl.quants.iq_tables
 as f32, and tables built from the NumPy code's own functions (E2M1 values, NVFP4 scales), so values are
 the same by construction. Decoders flip signs with `-x` (LLVM's fneg flips the sign bit of NaN too,
@@ -28,7 +28,7 @@ import functools
 import numpy as np
 from numba import njit, prange  # noqa: F401 -- prange: the drivers' template (per_type) uses it
 
-from ..dispatch import implements
+from ..dispatch import KEYS, register
 from ..quants import DEQUANTIZERS
 from ..types import GGMLType, traits
 from . import simd
@@ -758,4 +758,4 @@ def _wrapper(t):
 
 for _t in sorted(DECODABLE):
     _ref, _fn = _wrapper(_t)
-    implements(_ref, "numba")(_fn)
+    register(_ref, "numba", KEYS)(_fn)

@@ -26,7 +26,7 @@ Bit-exactness on a real GPU: NVVM contracts `a * b + c` into one FMA and the GPU
 contracted; plain `*` in the simulator, which runs NumPy's f32 arithmetic) and repair NaN results the x86
 way NumPy sees them (`_nan2`: the first NaN operand, quieted; the default NaN 0xFFC00000 for inf*0 or
 inf-inf); signs flip on the bits (`_neg`), as the Numba decoders' `-x` does. Denormals are kept (no ftz).
-Registered with `implements(DEQUANTIZERS[t], "cuda")`, so `refimpl.dequantize` runs them under
+Registered with `register(DEQUANTIZERS[t], "cuda", KEYS)`, so `refimpl.dequantize` runs them under
 backend("cuda") (host arrays in and out); `dequantize_device(dw)` keeps the result on the device.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from ...dispatch import implements
+from ...dispatch import KEYS, register
 from ...quants import DEQUANTIZERS
 from ...types import GGMLType, traits
 from . import _device
@@ -680,7 +680,7 @@ def _wrapper(t):
 
 for _t in sorted(t for t in DEQUANTIZERS if t in DECODERS or t in ELEMENTS):
     _ref, _fn = _wrapper(_t)
-    implements(_ref, "cuda")(_fn)
+    register(_ref, "cuda", KEYS)(_fn)
 
 
 def ptx_signatures() -> list[tuple]:
