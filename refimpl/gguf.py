@@ -276,7 +276,9 @@ class _Parser:
 
 
 def load(path) -> GGUFFile:
-    """Read a GGUF file: validate its header, map it, and wrap its tensors without copying them.
+    """Read a GGUF file: validate its header, map it, and wrap its tensors without copying them. The file
+    is read in its order: header, key/value pairs, tensor infos, then the data section (padded to the
+    alignment) whose tensors are views of the mapping.
 
     Raises GGUFError (a ValueError) for a malformed file, OSError when it cannot be opened.
     """
@@ -288,13 +290,27 @@ def load(path) -> GGUFFile:
             raise GGUFError(path, "header", f"the file is empty; expected a GGUF header of {_HEADER.size} "
                                             f"bytes") from None
     P = _Parser(path, mm)
+    version, n_tensors, n_kv = _header(P)
+    metadata, value_types = _key_values(P, n_kv)
+    alignment = _alignment(P, metadata, value_types)
+    infos = _tensor_infos(P, n_tensors)
+    data_offset = -(-P.pos // alignment) * alignment
+    if infos and data_offset > P.size:
+        P.fail("data section", f"starts at offset {data_offset} (after padding to {alignment}), past the end of "
+                               f"the file ({P.size} bytes); expected tensor data")
 
-    # header
+    data = np.frombuffer(mm, np.uint8)
+    tensor_info, tensors = _tensor_data(P, data, infos, data_offset, alignment)
+    return GGUFFile(path, version, alignment, data_offset, metadata, value_types, tensor_info, tensors, data)
+
+
+def _header(P: _Parser) -> tuple[int, int, int]:
+    """(version, n_tensors, n_kv) of the header, each checked against what the file can hold."""
     P.need(_HEADER.size, "header", "the header (magic, version, n_tensors, n_kv)")
-    magic, version, n_tensors, n_kv = _HEADER.unpack_from(mm, 0)
+    magic, version, n_tensors, n_kv = _HEADER.unpack_from(P.mm, 0)
     P.pos = _HEADER.size
     if magic != _MAGIC:
-        kind = looks_like(path)
+        kind = looks_like(P.path)
         P.fail("header magic", f"{magic!r} at offset 0; expected {_MAGIC!r}: not a GGUF file"
                + (f" (it looks like {kind})" if kind else ""))
     if (version & 0xFFFF) == 0 and version:
@@ -315,7 +331,11 @@ def load(path) -> GGUFFile:
                                    f"{left // _MIN_TENSOR_INFO_BYTES}, the most the {left} bytes after the "
                                    f"header can hold ({_MIN_TENSOR_INFO_BYTES} bytes each at least)")
 
-    # key/value pairs
+    return version, n_tensors, n_kv
+
+
+def _key_values(P: _Parser, n_kv: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The n_kv key/value pairs: (metadata, each key's GGUF value type)."""
     metadata: dict[str, Any] = {}
     value_types: dict[str, Any] = {}
     for i in range(n_kv):
@@ -333,7 +353,11 @@ def load(path) -> GGUFFile:
         else:
             metadata[key] = P.value(vt, where)
             value_types[key] = vt
+    return metadata, value_types
 
+
+def _alignment(P: _Parser, metadata: dict, value_types: dict) -> int:
+    """general.alignment (a UINT32 power of two), or GGUF's default."""
     alignment = GGUF_DEFAULT_ALIGNMENT
     if KEY_ALIGNMENT in metadata:
         where = f"metadata key {KEY_ALIGNMENT!r}"
@@ -342,8 +366,11 @@ def load(path) -> GGUFFile:
         alignment = metadata[KEY_ALIGNMENT]
         if alignment == 0 or alignment & (alignment - 1):
             P.fail(where, f"alignment {alignment}; expected a non-zero power of two")
+    return alignment
 
-    # tensor infos
+
+def _tensor_infos(P: _Parser, n_tensors: int) -> list[tuple]:
+    """(name, type, ne, offset, nbytes) of each tensor info, in file order."""
     left = P.size - P.pos
     if n_tensors > left // _MIN_TENSOR_INFO_BYTES:
         P.fail("header n_tensors", f"{n_tensors} tensors cannot fit in the {left} bytes after the metadata "
@@ -365,7 +392,7 @@ def load(path) -> GGUFFile:
         if n_dims > GGML_MAX_DIMS:
             P.fail(where, f"n_dims {n_dims}; expected at most {GGML_MAX_DIMS} (GGML_MAX_DIMS)")
         P.need(8 * n_dims, where, f"{n_dims} dims")
-        ne = struct.unpack_from(f"<{n_dims}q", mm, P.pos)
+        ne = struct.unpack_from(f"<{n_dims}q", P.mm, P.pos)
         P.pos += 8 * n_dims
         n = 1
         for j, d in enumerate(ne):
@@ -386,14 +413,12 @@ def load(path) -> GGUFFile:
         nbytes = n // tr.blck_size * tr.type_size
         offset = P.unpack(_U64, where, "data offset")
         infos.append((name, tr.type, tuple(ne), offset, nbytes))
+    return infos
 
-    data_offset = -(-P.pos // alignment) * alignment
-    if infos and data_offset > P.size:
-        P.fail("data section", f"starts at offset {data_offset} (after padding to {alignment}), past the end of "
-                               f"the file ({P.size} bytes); expected tensor data")
 
-    # tensor data: packed in order, each padded to the alignment, inside the file
-    data = np.frombuffer(mm, np.uint8)
+def _tensor_data(P: _Parser, data: np.ndarray, infos: list, data_offset: int, alignment: int):
+    """(TensorInfo by name, tensor view by name): the data packed in order, each padded to the alignment,
+    inside the file."""
     tensor_info: dict[str, TensorInfo] = {}
     tensors: dict[str, Any] = {}
     expected, prev = 0, None
@@ -417,8 +442,7 @@ def load(path) -> GGUFFile:
         prev = name
         tensor_info[name] = TensorInfo(name, t, ne, offset, nbytes, start)
         tensors[name] = _view(data, t, ne, start, nbytes)
-
-    return GGUFFile(path, version, alignment, data_offset, metadata, value_types, tensor_info, tensors, data)
+    return tensor_info, tensors
 
 
 def _view(data: np.ndarray, t: GGMLType, ne: tuple, start: int, nbytes: int):
