@@ -7,6 +7,8 @@
     +-- BertError                 refimpl.models.bert (Hugging Face / sentence-transformers directories)
     +-- TokenizerError            refimpl.tokenizers (tokenizer.json, vocab.txt, GGUF vocabularies)
     +-- RWKVError                 refimpl.models.rwkv (.pth / .safetensors / .npz checkpoints)
+    ChatTemplateError(ValueError) refimpl.chat: a chat template (code from a model file) that failed, raised,
+                                  tried an unsafe operation or exceeded a limit while rendering
 
 Loaders catch what the libraries they call raise (SafetensorError, JSONDecodeError, KeyError, TypeError, ...) at
 their boundary and raise one of these from it, so `except refimpl.LoadError` is the one clause a caller needs.
@@ -18,7 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["LoadError", "BertError", "TokenizerError", "RWKVError", "looks_like", "not_this_format", "read_json"]
+__all__ = ["LoadError", "BertError", "TokenizerError", "RWKVError", "ChatTemplateError", "looks_like",
+           "not_this_format", "read_json"]
 
 MAX_JSON_BYTES = 1 << 30          # tokenizer.json of the largest vocabularies is ~20 MB
 
@@ -41,6 +44,10 @@ class TokenizerError(LoadError):
 
 class RWKVError(LoadError):
     """An RWKV checkpoint refimpl cannot load (.pth, .safetensors, .npz)."""
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that failed, raised an exception, tried an unsafe operation or exceeded a limit."""
 
 
 def looks_like(path) -> str | None:

@@ -23,7 +23,7 @@ LAYER_OF = {
     "refimpl.ops": "ops",
     "refimpl.kernels": "kernels",
     "refimpl.models": "models", "refimpl.tokenizers": "models", "refimpl.tokenizer": "models",
-    "refimpl.chat": "models", "refimpl.sampling": "models",
+    "refimpl.chat": "models", "refimpl.chat_sandbox": "models", "refimpl.sampling": "models",
     "refimpl.compare": "tools", "refimpl.check": "tools", "refimpl.report": "tools", "refimpl.__main__": "tools",
     "refimpl.conformance": "tools", "refimpl.cliargs": "tools", "refimpl.textgen": "tools",
     "refimpl.rpc": "tools", "refimpl.convert": "tools", "refimpl.fetch": "tools", "refimpl.requantize": "tools",
