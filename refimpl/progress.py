@@ -1,7 +1,9 @@
-"""Progress bars for the slow steps (fetch, quantize, convert, GGUF save), through tqdm.
+"""Progress bars for the slow steps (fetch, quantize, convert, GGUF save), through tqdm, and one-line notes
+for a slow step with nothing to count (compiling the Numba kernels on first use).
 
-Shown only when stderr is a terminal (tqdm's `disable=None`), so logs, pipes and CI stay quiet; without tqdm
-installed the steps run the same, without a bar. REFIMPL_PROGRESS=0 turns them off everywhere.
+Bars show only when stderr is a terminal (tqdm's `disable=None`), so logs, pipes and CI stay quiet; without
+tqdm installed the steps run the same, without a bar. A note is one line on stderr wherever it goes.
+REFIMPL_PROGRESS=0 turns both off everywhere.
 """
 from __future__ import annotations
 
@@ -12,6 +14,13 @@ import sys
 def enabled() -> bool:
     """Whether a bar would show: stderr is a terminal and REFIMPL_PROGRESS is not 0."""
     return os.environ.get("REFIMPL_PROGRESS", "1") != "0" and sys.stderr.isatty()
+
+
+def note(message: str) -> None:
+    """`refimpl: message` on stderr (a step that takes seconds and has nothing to count), unless
+    REFIMPL_PROGRESS=0."""
+    if os.environ.get("REFIMPL_PROGRESS", "1") != "0":
+        print(f"refimpl: {message}", file=sys.stderr, flush=True)
 
 
 def progress(iterable=None, *, total=None, desc: str = "", unit: str = "it", unit_scale: bool = False):

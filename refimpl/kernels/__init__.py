@@ -23,11 +23,13 @@ Work is split over `numba.get_num_threads()` threads (NUMBA_NUM_THREADS, `numba.
 of rows or blocks.
 
 Every kernel registers itself for the op (`register(name, "numba")`) or the NumPy function
-(`implements(fn, "numba")`) it replaces, takes the same arguments, raises the same errors, and falls
+(`register(fn, "numba", KEYS)`) it replaces, takes the same arguments, raises the same errors, and falls
 back to the NumPy reference for inputs it does not cover. Kernels are `@njit(cache=True)`: compiled on
 first use, then loaded from `__pycache__`. Numba checks a cached function against its own source file
 only, not against the kernels it calls from other files, so importing this package drops the whole
-cache whenever any kernel source differs from the one it was compiled from (`_check_cache`).
+cache whenever any kernel source differs from the one it was compiled from (`_check_cache`). The first
+compile of a process says so in one line on stderr (`_announce_compiles`; REFIMPL_PROGRESS=0 silences it):
+on a fresh install the first forward waits seconds for it.
 """
 from __future__ import annotations
 
@@ -91,8 +93,29 @@ def load() -> None:
     from ..backends import register_scope
     from . import blas
     register_scope("numba", blas.forward_scope)
+    _announce_compiles()
     if failed:
         raise ImportError("; ".join(failed))
+
+
+def _announce_compiles() -> None:
+    """One progress note at the first compile of a kernel of this package in the process (Numba's event API
+    broadcasts "numba:compile" on a cache miss only: a kernel loaded from the cache says nothing)."""
+    from numba.core import event
+
+    from ..progress import note
+    cache = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(os.path.dirname(__file__), "__pycache__")
+
+    class _FirstCompile(event.Listener):
+        def on_start(self, ev):
+            if getattr(ev.data.get("dispatcher"), "__module__", "").startswith(__name__):
+                event.unregister("numba:compile", self)
+                note(f"compiling the Numba kernels the first ops use (seconds, once: cached in {cache})")
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", _FirstCompile())
 
 
 _check_cache()         # before any kernel module of this package is imported (they load their cache lazily)
