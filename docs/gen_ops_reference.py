@@ -2,7 +2,7 @@
 
     ops/index.md, ops/<family>.md   one page per op family (refimpl/ops/<family>.py): every op's signature,
                                     docstring (the ggml call, both shapes, the math, precision choices), the
-                                    ggml enum entries it covers, its tolerances from refimpl/testing/tolerances.py,
+                                    ggml enum entries it covers, its tolerances from refimpl/tolerances.py,
                                     the compiled kernels registered for it, and where its source is
     layouts.md                      every tensor type: block size, bytes, bits per weight, quantizers, and the
                                     block struct as its dequantizer's docstring states it
@@ -168,7 +168,7 @@ def ops_index(fams: dict) -> str:
              "Every forward op of ggml as a NumPy function: the name is ggml's without `ggml_`, the arguments follow "
              "ggml's order, shapes are NumPy order (ggml's `ne` reversed) and every docstring gives both. The pages "
              "below are generated from the docstrings and from the tolerance table "
-             "(`refimpl/testing/tolerances.py`), so they say what the code and the tests say.", "",
+             "(`refimpl/tolerances.py`), so they say what the code and the tests say.", "",
              "| family | ops |", "|---|---|"]
     for fam, infos in fams.items():
         names = ", ".join(f"[`{i.name}`]({fam}.md#{i.name})" for i in infos)

@@ -640,7 +640,7 @@ def tol(what: str, type: str = "*", against: str = "ggml") -> Tol:
     for key in ((what, type, against), (what, "*", against)):
         if key in TOLERANCES:
             return TOLERANCES[key]
-    raise KeyError(f"no tolerance for {(what, type, against)}: add it to refimpl/testing/tolerances.py")
+    raise KeyError(f"no tolerance for {(what, type, against)}: add it to TOLERANCES in refimpl/tolerances.py")
 
 
 # -- llama.cpp tensor by tensor (refimpl.compare) and refimpl's own equivalences (refimpl.check) -----------

@@ -2,7 +2,7 @@
 
 The recurrences carry an f32 state token by token, so splitting the tokens (or the sequences) and passing
 the state along must give identical bits; against the textbook formulas evaluated in f64 they agree to the
-property tolerances of refimpl/testing/tolerances.py.
+property tolerances of refimpl/tolerances.py.
 """
 import numpy as np
 import pytest

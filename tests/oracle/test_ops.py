@@ -1,7 +1,7 @@
 """Every op against live ggml: hypothesis cases (refimpl.testing.op_cases) and the named cases.
 
 One driver for all ops; the cases, tolerances and shapes live in refimpl/testing/cases/ and
-refimpl/testing/tolerances.py. A failing case prints its test-backend-ops style name.
+refimpl/tolerances.py. A failing case prints its test-backend-ops style name.
 """
 import os
 

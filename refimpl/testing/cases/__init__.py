@@ -32,7 +32,7 @@ class OpCase:
     kwargs: dict = field(default_factory=dict)
     build: Callable | None = None        # (ctx, *ggml tensors) -> ggml tensor, via refimpl.testing.ggml.lib()
     tensors: tuple | None = None         # inputs handed to ggml; default: the array arguments, in order
-    type: str = "f32"                    # tolerance row (refimpl/testing/tolerances.py)
+    type: str = "f32"                    # tolerance row (refimpl/tolerances.py)
     name: str = ""                       # e.g. "RMS_NORM(type=f32,ne=[64,5,4,3],eps=0.000001)"
     post: Callable | None = None         # applied to ggml's result before comparing (say why where used)
 
