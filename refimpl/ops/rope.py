@@ -69,8 +69,7 @@ def rope_cache(pos, freq_factors, n_dims: int, ne0: int, sections=(0, 0, 0, 0), 
     if mrope:
         bases = [pos[k * T:(k + 1) * T].astype(F32) for k in range(4)]
         s = [int(v) for v in sections]
-        sect_dims, sec_w = sum(s), s[0] + s[1]
-        sec_e = sec_w + s[2]
+        sect_dims = sum(s)
     else:
         bases = [pos.astype(F32)]
     thetas = [b.copy() for b in bases]
@@ -78,55 +77,55 @@ def rope_cache(pos, freq_factors, n_dims: int, ne0: int, sections=(0, 0, 0, 0), 
     cos = np.empty((T, half), F32)
     sin = np.empty((T, half), F32)
     for i in range(half):
+        k = 0
         if mrope:
-            sector = i % sect_dims
-            if mode == ROPE_TYPE_VISION:            # every section restarts its theta at its base position
-                if sector == 0:
-                    thetas[0] = bases[0].copy()
-                elif sector == s[0]:
-                    thetas[1] = bases[1].copy()
-                elif sector == sec_w:
-                    thetas[2] = bases[2].copy()
-                elif sector == sec_e:
-                    thetas[3] = bases[3].copy()
-            if mode == ROPE_TYPE_IMROPE:
-                if sector % 3 == 1 and sector < 3 * s[1]:
-                    k = 1
-                elif sector % 3 == 2 and sector < 3 * s[2]:
-                    k = 2
-                elif sector % 3 == 0 and sector < 3 * s[0]:
-                    k = 0
-                else:
-                    k = 3
-            else:
-                k = 0
-                if s[0] <= sector < sec_w:
-                    k = 1
-                elif sec_w <= sector < sec_w + s[2]:
-                    k = 2
-                elif sector >= sec_w + s[2]:
-                    k = 3
-            theta = thetas[k]
-        else:
-            theta = thetas[0]
+            k, restart = _mrope_stream(i % sect_dims, mode, s)
+            if restart is not None:
+                thetas[restart] = bases[restart].copy()
+        theta = thetas[k]
         # ggml reads freq_factors[i] for every pair of the row; pairs past n_dims/2 are never used, and
         # freq_factors need only cover n_dims/2 of them
         t_e = theta / ff[i] if ff is not None and i < ff.shape[0] else theta
         t_i = fs * t_e
-        th = t_i
-        if ext != 0:
-            d = F32(hi - lo)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                y = F32((F32(i) - lo) / (F32(0.001) if F32(0.001) > d else d))
-            y = F32(0) if F32(0) > y else y
-            ramp = F32(1) - (F32(1) if F32(1) < y else y)
-            mix = F32(ramp * ext)
-            # ggml's compiled form: fma(t_i, 1 - mix, fl(t_e * mix)) -- one ulp of theta is 2.4e-4 rad at 4k
-            th = (t_i.astype(np.float64) * np.float64(F32(1) - mix) + (t_e * mix).astype(np.float64)).astype(F32)
+        th = t_i if ext == 0 else _yarn_theta(i, t_i, t_e, lo, hi, ext)
         cos[:, i] = libm_f32(np.cos, th) * mscale
         sin[:, i] = libm_f32(np.sin, th) * mscale * F32(sin_sign)
         thetas = [t * theta_scale for t in thetas]
     return cos, sin
+
+
+def _mrope_stream(sector: int, mode: int, s: list[int]) -> tuple[int, int | None]:
+    """M-RoPE: which of a token's four position streams drives the pair at `sector` (its index modulo the
+    sections' sum), and which stream restarts its theta at its base position there (VISION only: each
+    section starts over), or None. s: the four section sizes."""
+    sec_w = s[0] + s[1]
+    sec_e = sec_w + s[2]
+    restart = None
+    if mode == ROPE_TYPE_VISION:                 # the first boundary that matches (sections may be empty)
+        restart = next((k for k, at in enumerate((0, s[0], sec_w, sec_e)) if sector == at), None)
+    if mode == ROPE_TYPE_IMROPE:                  # interleaved: sections take every third pair
+        for k in (1, 2, 0):
+            if sector % 3 == k and sector < 3 * s[k]:
+                return k, restart
+        return 3, restart
+    if sector < s[0]:
+        return 0, restart
+    if sector < sec_w:
+        return 1, restart
+    return (2 if sector < sec_e else 3), restart
+
+
+def _yarn_theta(i: int, t_i, t_e, lo, hi, ext):
+    """YaRN's theta of pair i: the interpolated t_i and the extrapolated t_e mixed by ramp(i) * ext_factor,
+    as ggml compiles it: fma(t_i, 1 - mix, fl(t_e * mix)), one rounding (one ulp of theta is 2.4e-4 rad at
+    4k positions)."""
+    d = F32(hi - lo)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = F32((F32(i) - lo) / (F32(0.001) if F32(0.001) > d else d))
+    y = F32(0) if F32(0) > y else y
+    ramp = F32(1) - (F32(1) if F32(1) < y else y)
+    mix = F32(ramp * ext)
+    return (t_i.astype(np.float64) * np.float64(F32(1) - mix) + (t_e * mix).astype(np.float64)).astype(F32)
 
 
 def _check_rope(name, x, pos, freq_factors, n_dims, sections, mode) -> None:
