@@ -12,7 +12,7 @@ from tests._profiles import examples
 
 pytestmark = pytest.mark.property
 
-LAYOUT_CHECKED = ["mul_mat", "rms_norm", "norm", "rope_ext", "add", "sub", "mul", "div"]
+LAYOUT_CHECKED = ["mul_mat", "rms_norm", "norm", "rope_ext", "add", "sub", "mul", "div", "flash_attn_ext"]
 
 
 def _outcome(case):

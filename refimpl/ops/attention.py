@@ -35,7 +35,46 @@ def _values(x, shape4) -> np.ndarray:
     return x.reshape(shape4).astype(np.float64)
 
 
-@op("flash_attn_ext")
+def _check_flash_attn_ext(q, k, v, mask=None, scale: float = 1.0, max_bias: float = 0.0,
+                          logit_softcap: float = 0.0, sinks=None) -> None:
+    name = "flash_attn_ext"
+    q = np.asarray(q)
+    if q.dtype != np.float32:
+        fail(name, f"q must be f32, got {q.dtype}", q=q)
+    if q.size and q.shape[-1] > 1 and q.strides[-1] != q.itemsize:
+        fail(name, "rows of q must be contiguous (ggml asserts nb0 == type size)", q=q)
+    k, kshape = _kv(name, k, "k", q)
+    v, vshape = _kv(name, v, "v", q)
+    nq, nk, nv = ne4(q.shape), ne4(kshape), ne4(vshape)
+    N, H, S = nq[1], nq[2], nq[3]
+    NKV = nk[1]
+    if nk[0] != nq[0] or 0 in nk[2:] or H % nk[2] or S % nk[3]:
+        fail(name, "need k.ne0 == q.ne0 (head_dim) and q.ne2, q.ne3 multiples of k's", q=q, k=k)
+    if nk[3] != S or nv[3] != S:
+        fail(name, "q, k and v need the same ne3 (n_seq)", q=q, k=k, v=v)
+    if nv[1] != NKV or nv[2] == 0 or H % nv[2]:
+        fail(name, "v needs k's n_kv (ne1) and a head count dividing q's", k=k, v=v)
+    if mask is not None:
+        mask = np.asarray(mask)
+        nm = ne4(mask.shape)
+        if mask.dtype != np.float16:
+            fail(name, f"mask must be f16, got {mask.dtype}", q=q, mask=mask)
+        if not mask.flags.c_contiguous:
+            fail(name, "mask must be contiguous", q=q, mask=mask)
+        if 0 in nm[2:] or H % nm[2] or S % nm[3]:
+            fail(name, "mask ne2, ne3 must divide q's (n_head, n_seq)", q=q, mask=mask)
+        if nm[0] < NKV or nm[1] < N:
+            # ggml does not check these; it would read past the mask
+            fail(name, "mask needs ne0 >= n_kv and ne1 >= n_tokens", q=q, k=k, mask=mask)
+    elif max_bias > 0.0:
+        fail(name, "max_bias > 0 (ALiBi) needs a mask", q=q)
+    if sinks is not None:
+        sinks = np.asarray(sinks)
+        if sinks.dtype != np.float32 or sinks.size != H or ne4(sinks.shape)[0] != H:
+            fail(name, "sinks must be f32 ne [n_head]", q=q, sinks=sinks)
+
+
+@op("flash_attn_ext", check=_check_flash_attn_ext, layout_check=True)
 def flash_attn_ext(q: np.ndarray, k, v, mask: np.ndarray | None = None, scale: float = 1.0, max_bias: float = 0.0,
                    logit_softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """ggml_flash_attn_ext (+ ggml_flash_attn_ext_add_sinks): softmax(scale * q k^T + slope*mask) v per head.
@@ -69,42 +108,17 @@ def flash_attn_ext(q: np.ndarray, k, v, mask: np.ndarray | None = None, scale: f
     64 gets tanh(-inf)*c = -c instead of -inf and takes softmax mass: ggml's output is wrong whenever n_kv % 64
     != 0. This function gives the defined value; the golden cases avoid that combination.
     """
-    name = "flash_attn_ext"
     q = np.asarray(q)
-    if q.dtype != np.float32:
-        fail(name, f"q must be f32, got {q.dtype}", q=q)
-    if q.size and q.shape[-1] > 1 and q.strides[-1] != q.itemsize:
-        fail(name, "rows of q must be contiguous (ggml asserts nb0 == type size)", q=q)
-    k, kshape = _kv(name, k, "k", q)
-    v, vshape = _kv(name, v, "v", q)
-    nq, nk, nv = ne4(q.shape), ne4(kshape), ne4(vshape)
+    k, v = (x if isinstance(x, QTensor) else np.asarray(x) for x in (k, v))
+    nq, nk, nv = ne4(q.shape), ne4(k.shape), ne4(v.shape)
     DK, N, H, S = nq
     NKV, HKV = nk[1], nk[2]
-    if nk[0] != DK or 0 in nk[2:] or H % nk[2] or S % nk[3]:
-        fail(name, "need k.ne0 == q.ne0 (head_dim) and q.ne2, q.ne3 multiples of k's", q=q, k=k)
-    if nk[3] != S or nv[3] != S:
-        fail(name, "q, k and v need the same ne3 (n_seq)", q=q, k=k, v=v)
-    if nv[1] != NKV or nv[2] == 0 or H % nv[2]:
-        fail(name, "v needs k's n_kv (ne1) and a head count dividing q's", k=k, v=v)
     slopes = alibi_slopes(H, max_bias).astype(np.float64)
     if mask is not None:
         mask = np.asarray(mask)
         nm = ne4(mask.shape)
-        if mask.dtype != np.float16:
-            fail(name, f"mask must be f16, got {mask.dtype}", q=q, mask=mask)
-        if not mask.flags.c_contiguous:
-            fail(name, "mask must be contiguous", q=q, mask=mask)
-        if 0 in nm[2:] or H % nm[2] or S % nm[3]:
-            fail(name, "mask ne2, ne3 must divide q's (n_head, n_seq)", q=q, mask=mask)
-        if nm[0] < NKV or nm[1] < N:
-            # ggml does not check these; it would read past the mask
-            fail(name, "mask needs ne0 >= n_kv and ne1 >= n_tokens", q=q, k=k, mask=mask)
-    elif max_bias > 0.0:
-        fail(name, "max_bias > 0 (ALiBi) needs a mask", q=q)
     if sinks is not None:
         sinks = np.asarray(sinks)
-        if sinks.dtype != np.float32 or sinks.size != H or ne4(sinks.shape)[0] != H:
-            fail(name, "sinks must be f32 ne [n_head]", q=q, sinks=sinks)
 
     r = H // HKV
     q4 = q.reshape(nq[::-1]).astype(np.float64)                              # (S, H, N, DK)
