@@ -290,26 +290,7 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
     run = LlamaCppRun(logits=np.zeros((0, 0), np.float32),
                       system_info=llama_cpp.llama_print_system_info().decode())
     errors: list[BaseException] = []
-
-    @C.ggml_backend_sched_eval_callback
-    def eval_cb(t, ask, user_data):
-        try:
-            if node_hook is not None:
-                node_hook(lib, t, bool(ask))
-                return True
-            name = lib.ggml_get_name(t).decode("utf-8", "replace")
-            if ask:
-                return _wanted(name)
-            arr = _read_tensor(lib, t)
-            if arr is not None:
-                run.tensors[name] = arr
-                if name in run.order:
-                    run.order.remove(name)
-                run.order.append(name)
-        except BaseException as e:           # noqa: BLE001 -- an exception must not cross into C: record, go on
-            errors.append(e)
-        return True
-    _KEEP.append(eval_cb)
+    eval_cb = _eval_callback(C, lib, run, node_hook, errors)
 
     mp = C.llama_model_default_params()
     mp.n_gpu_layers = 999 if rpc or offload else 0
@@ -338,33 +319,12 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
             raise RuntimeError("llama.cpp could not create a context:\n" + "".join(_LOG_LINES[-20:]))
         n = len(tokens)
         batch = C.llama_batch_init(n, 0, 1)
-        batch.n_tokens = n
-        for i, tok in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = True
-        rc = C.llama_decode(ctx, batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}:\n" + "".join(_LOG_LINES[-20:]))
+        _decode(C, ctx, batch, list(enumerate(tokens)))
         if errors:
             raise errors[0]
         run.logits = _outputs(C, model, ctx, n, pooling)
         if greedy:
-            steps = []
-            for k in range(int(greedy)):
-                last = run.logits[-1] if k == 0 else steps[-1]
-                tok = int(np.argmax(last))
-                run.generated.append(tok)
-                batch.n_tokens = 1
-                batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = tok, n + k, 1, True
-                batch.seq_id[0][0] = 0
-                if k == int(greedy) - 1:
-                    break
-                rc = C.llama_decode(ctx, batch)
-                if rc != 0:
-                    raise RuntimeError(f"llama_decode returned {rc}:\n" + "".join(_LOG_LINES[-20:]))
-                steps.append(_outputs(C, model, ctx, 1, None)[0])
-            run.logits = np.stack([run.logits[-1]] + steps)
+            run.logits = _greedy(C, model, ctx, batch, run, n, int(greedy))
     finally:
         if batch is not None:
             C.llama_batch_free(batch)
@@ -373,6 +333,58 @@ def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, captu
         C.llama_model_free(model)
         run.log = "".join(_LOG_LINES)
     return run
+
+
+def _eval_callback(C, lib, run: LlamaCppRun, node_hook, errors: list):
+    """The scheduler's eval callback: node_hook(lib, tensor, ask) when given, else it asks for the nodes
+    `_wanted` names and records their values into run.tensors in compute order. An exception never crosses
+    into C: it is recorded in errors (raised after the decode)."""
+    @C.ggml_backend_sched_eval_callback
+    def eval_cb(t, ask, user_data):
+        try:
+            if node_hook is not None:
+                node_hook(lib, t, bool(ask))
+                return True
+            name = lib.ggml_get_name(t).decode("utf-8", "replace")
+            if ask:
+                return _wanted(name)
+            arr = _read_tensor(lib, t)
+            if arr is not None:
+                run.tensors[name] = arr
+                if name in run.order:
+                    run.order.remove(name)
+                run.order.append(name)
+        except BaseException as e:           # noqa: BLE001 -- an exception must not cross into C: record, go on
+            errors.append(e)
+        return True
+    _KEEP.append(eval_cb)
+    return eval_cb
+
+
+def _decode(C, ctx, batch, positioned: list[tuple[int, int]]) -> None:
+    """llama_decode of the (position, token) pairs as one sequence, every position's output kept."""
+    batch.n_tokens = len(positioned)
+    for i, (pos, tok) in enumerate(positioned):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = True
+    rc = C.llama_decode(ctx, batch)
+    if rc != 0:
+        raise RuntimeError(f"llama_decode returned {rc}:\n" + "".join(_LOG_LINES[-20:]))
+
+
+def _greedy(C, model, ctx, batch, run: LlamaCppRun, n: int, steps: int) -> np.ndarray:
+    """`steps` greedy tokens after the prompt's n (appended to run.generated): the logits that chose each,
+    (steps, n_vocab); the last token is chosen but not decoded."""
+    rows = [run.logits[-1]]
+    for k in range(steps):
+        tok = int(np.argmax(rows[-1]))
+        run.generated.append(tok)
+        if k == steps - 1:
+            break
+        _decode(C, ctx, batch, [(n + k, tok)])
+        rows.append(_outputs(C, model, ctx, 1, None)[0])
+    return np.stack(rows)
 
 
 def _outputs(C, model, ctx, n: int, pooling: int | None) -> np.ndarray:
