@@ -92,6 +92,8 @@ Only `refimpl.tokenizer` knows about `tokenizers`, and only when a BPE text is f
 """
 from __future__ import annotations
 
+import functools
+
 import heapq
 import re
 from dataclasses import dataclass
@@ -257,6 +259,12 @@ def _check_whitespace_runs(texts: list[str]) -> None:
                                  f"find_bpe_rank); it has no ids for this text")
 
 
+def _special_id(kv: dict, n: int, key: str, default=None):
+    """tokenizer.ggml.<key>_token_id when it names a token of the n, else the default when that does."""
+    v = kv.get(f"tokenizer.ggml.{key}_token_id", default)
+    return v if v is not None and 0 <= v < n else (default if default is not None and default < n else None)
+
+
 class Tokenizer:
     """A GGUF vocabulary with llama.cpp's encode / decode. Build it with `from_gguf`.
 
@@ -279,11 +287,41 @@ class Tokenizer:
         self.chat_template = kv.get("tokenizer.chat_template")
         self.token_to_id = {t: i for i, t in enumerate(self.tokens)}     # later duplicates win, as in llama.cpp
 
+        defaults = self._set_model(kv)
+        sid = functools.partial(_special_id, kv, n)
+        self.bos_id = sid("bos", defaults["bos"])
+        self.eos_id = sid("eos", defaults["eos"])
+        self.unk_id = sid("unknown", defaults["unk"])
+        self.pad_id = sid("padding", defaults.get("pad"))
+        self.eot_id = sid("eot")
+        self.eom_id = sid("eom")
+        self.add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", defaults["add_bos"]))
+        self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", defaults.get("add_eos", False)))
+        self.add_space_prefix = bool(kv.get("tokenizer.ggml.add_space_prefix", defaults["space_prefix"]))
+
+        self.eog_ids = self._end_of_generation(sid)
+
+        # special tokens cut out of the text before tokenization, longest text first
+        self._special_ids = sorted((i for i in range(n) if self.token_type[i] in _SPECIAL and self.tokens[i]),
+                                   key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogateescape")))
+        self._lstrip, self._rstrip = _strip_attributes(kv, self.token_to_id, self._special_ids)
+        self._pieces: list[bytes | None] = [None] * n     # token_to_piece(special=True), filled lazily
+        self._bpe = None
+        self._ugm = None
+        if self.model == "t5":
+            cm = kv.get("tokenizer.ggml.precompiled_charsmap")
+            self._charsmap = bytes(x & 0xFF for x in cm) if cm is not None else None      # int8 or uint8
+            self.remove_extra_whitespaces = bool(kv.get("tokenizer.ggml.remove_extra_whitespaces", False))
+            self._ugm_model()             # built now, so that a malformed charsmap is an error of the file
+
+    def _set_model(self, kv: dict) -> dict:
+        """The tokenizer model's pre-tokenizer, merges and text cleanup; returns llama.cpp's defaults for its
+        special ids and flags (what the GGUF does not say)."""
         if self.model == "gpt2":
             self.pre = kv.get("tokenizer.ggml.pre") or "default"
             if self.pre not in PRE_TOKENIZERS:
                 raise ValueError(f"pre-tokenizer {self.pre!r} is not supported; supported: "
-                                          f"{sorted(PRE_TOKENIZERS)}")
+                                 f"{sorted(PRE_TOKENIZERS)}")
             self._pre = PRE_TOKENIZERS[self.pre]
             self.merges = list(kv.get("tokenizer.ggml.merges", []))
             defaults = dict(bos=None if self._pre.no_bos else 11, eos=11, unk=None, add_bos=self._pre.add_bos,
@@ -314,22 +352,11 @@ class Tokenizer:
         else:
             raise ValueError(f"tokenizer model {self.model!r} is not supported "
                              f"(only 'gpt2', 'gemma4', 'llama' and 't5')")
+        return defaults
 
-        def sid(key, default=None):
-            v = kv.get(f"tokenizer.ggml.{key}_token_id", default)
-            return v if v is not None and 0 <= v < n else (default if default is not None and default < n else None)
-
-        self.bos_id = sid("bos", defaults["bos"])
-        self.eos_id = sid("eos", defaults["eos"])
-        self.unk_id = sid("unknown", defaults["unk"])
-        self.pad_id = sid("padding", defaults.get("pad"))
-        self.eot_id = sid("eot")
-        self.eom_id = sid("eom")
-        self.add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", defaults["add_bos"]))
-        self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", defaults.get("add_eos", False)))
-        self.add_space_prefix = bool(kv.get("tokenizer.ggml.add_space_prefix", defaults["space_prefix"]))
-
-        # llama.cpp's text-based detection: EOT, EOM, FIM tokens, forced to CONTROL; the EOG set.
+    def _end_of_generation(self, sid) -> frozenset:
+        """llama.cpp's text-based detection: EOT, EOM and FIM tokens (forced to CONTROL, as are the EOG
+        texts), and the EOG set: the end-of-generation ids. sid(key): a valid special id from the GGUF."""
         present = lambda texts: [self.token_to_id[t] for t in texts if t in self.token_to_id]   # noqa: E731
         if self.eot_id is None and present(EOT_TEXTS):
             self.eot_id = present(EOT_TEXTS)[0]
@@ -350,20 +377,7 @@ class Tokenizer:
                 eog.add(i)
                 if i == self.eot_id or i == self.eom_id:
                     self._force_control(i)
-        self.eog_ids = frozenset(eog)
-
-        # special tokens cut out of the text before tokenization, longest text first
-        self._special_ids = sorted((i for i in range(n) if self.token_type[i] in _SPECIAL and self.tokens[i]),
-                                   key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogateescape")))
-        self._lstrip, self._rstrip = _strip_attributes(kv, self.token_to_id, self._special_ids)
-        self._pieces: list[bytes | None] = [None] * n     # token_to_piece(special=True), filled lazily
-        self._bpe = None
-        self._ugm = None
-        if self.model == "t5":
-            cm = kv.get("tokenizer.ggml.precompiled_charsmap")
-            self._charsmap = bytes(x & 0xFF for x in cm) if cm is not None else None      # int8 or uint8
-            self.remove_extra_whitespaces = bool(kv.get("tokenizer.ggml.remove_extra_whitespaces", False))
-            self._ugm_model()             # built now, so that a malformed charsmap is an error of the file
+        return frozenset(eog)
 
     def _force_control(self, i: int) -> None:
         if self.token_type[i] not in (TokenType.CONTROL, TokenType.UNUSED):
