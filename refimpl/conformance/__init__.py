@@ -222,19 +222,8 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     summary (counts per verdict, seconds, the paths)."""
     if backend not in BACKENDS:
         raise ConformanceError(f"unknown backend {backend!r}; refimpl judges: {', '.join(BACKENDS)}")
-    if params is not None:
-        try:
-            re.compile(params)
-        except re.error as e:
-            raise ConformanceError(f"-p {params!r} is not a regular expression: {e}") from None
     be = BACKENDS[backend]
-    if cases_file is not None:
-        wanted = [ln.strip() for ln in Path(cases_file).read_text().splitlines() if ln.strip()
-                  and not ln.startswith("#")]
-        bad = [c for c in wanted if not re.fullmatch(r"[A-Z0-9_]+\(.*\)", c)]
-        if bad:
-            raise ConformanceError(f"{cases_file}: {bad[0]!r} is not a test-backend-ops case string (OP(params))")
-        ops = ",".join(wanted)
+    ops = _selection(ops, params, cases_file)
     out = Path(out) if out else Path(f"conformance-{backend}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -248,6 +237,47 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     from .verdicts import ops_known
     if [n for n in unlisted if not ops_known(n)]:
         raise _unknown_ops([n for n in unlisted if not ops_known(n)])
+    records, unsupported = _judge_passes(bindir, be, ops, params, env, out, progress, t0, case_timeout,
+                                         second_reference, cpu_alone)
+    seen_ops = {r["op"] for r in records} | {c.split("(", 1)[0] for c in unsupported}
+    if [n for n in unlisted if n not in seen_ops]:
+        raise _unknown_ops([n for n in unlisted if n not in seen_ops])
+    if not records:
+        what = " ".join(x for x in (f"-o {ops[:80]!r}" if ops else "", f"-p {params!r}" if params else "") if x)
+        raise ConformanceError(f"no test-backend-ops case matched {what or 'the selection'} on "
+                               f"{be.device} (ops are test-backend-ops' names: ADD, MUL_MAT, FLASH_ATTN_EXT, ...); "
+                               f"its log: {out / 'test-backend-ops.log'}")
+    seconds = time.monotonic() - t0
+    _write_outputs(out, records, unsupported, be, bindir, devices, ops if cases_file is None
+                   else f"{len(records)} cases of {cases_file}", params, seconds)
+    summary = summarize(records)
+    summary.update(seconds=seconds, out=str(out), unsupported=len(unsupported))
+    return summary
+
+
+def _selection(ops: str | None, params: str | None, cases_file) -> str | None:
+    """test-backend-ops' -o for the selection: `ops` as given, or the case strings of cases_file (one per
+    line, # comments); -p checked to be a regular expression."""
+    if params is not None:
+        try:
+            re.compile(params)
+        except re.error as e:
+            raise ConformanceError(f"-p {params!r} is not a regular expression: {e}") from None
+    if cases_file is None:
+        return ops
+    wanted = [ln.strip() for ln in Path(cases_file).read_text().splitlines() if ln.strip()
+              and not ln.startswith("#")]
+    bad = [c for c in wanted if not re.fullmatch(r"[A-Z0-9_]+\(.*\)", c)]
+    if bad:
+        raise ConformanceError(f"{cases_file}: {bad[0]!r} is not a test-backend-ops case string (OP(params))")
+    return ",".join(wanted)
+
+
+def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress, t0: float, case_timeout: float,
+                  second_reference: bool, cpu_alone: bool) -> tuple[list, list]:
+    """(records, the cases the backend cannot run): test-backend-ops' pass on the backend against refimpl's
+    servers (exact; ggml numerics as the second reference), then, where asked, the cases the backend cannot
+    run on ggml-cpu alone. The servers are stopped whatever happens."""
     servers = [_Server("exact", out / "serve-exact.log")]
     try:
         if second_reference:
@@ -270,20 +300,17 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     finally:
         for s in servers:
             s.stop()
-    seen_ops = {r["op"] for r in records} | {c.split("(", 1)[0] for c in unsupported}
-    if [n for n in unlisted if n not in seen_ops]:
-        raise _unknown_ops([n for n in unlisted if n not in seen_ops])
-    if not records:
-        what = " ".join(x for x in (f"-o {ops[:80]!r}" if ops else "", f"-p {params!r}" if params else "") if x)
-        raise ConformanceError(f"no test-backend-ops case matched {what or 'the selection'} on "
-                               f"{be.device} (ops are test-backend-ops' names: ADD, MUL_MAT, FLASH_ATTN_EXT, ...); "
-                               f"its log: {out / 'test-backend-ops.log'}")
+    return records, unsupported
+
+
+def _write_outputs(out: Path, records: list, unsupported: list, be, bindir: Path, devices: dict, selection: str,
+                   params, seconds: float) -> None:
+    """DIR/cases.jsonl, meta.json, report.md (with the plot) and unsupported.txt."""
     with open(out / "cases.jsonl", "w") as f:
         for r in records:
             f.write(to_json(r) + "\n")
-    seconds = time.monotonic() - t0
     meta = {"backend": be.name, "device": be.device, "about": be.about, "build": str(bindir),
-            "ops": ops if cases_file is None else f"{len(records)} cases of {cases_file}", "params": params,
+            "ops": selection, "params": params,
             "seconds": round(seconds, 1), "cpu": devices.get("CPU") or "?",
             "device_description": devices.get(be.device) or "",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -291,9 +318,6 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     from .report import write_report
     write_report(records, meta, out, unsupported)
     (out / "unsupported.txt").write_text("".join(c + "\n" for c in unsupported))
-    summary = summarize(records)
-    summary.update(seconds=seconds, out=str(out), unsupported=len(unsupported))
-    return summary
 
 
 def _case_list(bindir: Path, device: str, ops: str | None, params: str | None, env: dict) -> list[tuple[str, bool]]:
