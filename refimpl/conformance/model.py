@@ -185,13 +185,7 @@ def judge_model(model_path, prompt: str | None = None, *, tokens=None, n_threads
     budgets = json.loads(BUDGETS.read_text()) if BUDGETS.exists() else {}
     with tempfile.TemporaryDirectory(prefix="refimpl-judge-model-") as tmp:
         progress(f"judge: llama.cpp on its backend, node by node ({len(tokens)} tokens)")
-        job = {"model": model_path, "tokens": tokens, "out": f"{tmp}/nodes.npz", "n_threads": n_threads,
-               "offload": bool(offload)}
-        p = subprocess.run([sys.executable, "-m", "refimpl.conformance.model", json.dumps(job)], capture_output=True,
-                           text=True, env={**os.environ, **(backend_env or {})})
-        if p.returncode != 0:
-            raise RuntimeError(f"llama.cpp's run on the backend failed:\n{p.stderr.strip()[-2000:]}")
-        z = np.load(job["out"], allow_pickle=False)
+        z = _backend_run(model_path, tokens, f"{tmp}/nodes.npz", n_threads, offload, backend_env)
         meta = json.loads(str(z["__meta__"]))
         backend_logits = z["__logits__"]
         progress("judge: the same graph on refimpl, exact numerics (llama.cpp offloading to refimpl serve)")
@@ -202,29 +196,12 @@ def judge_model(model_path, prompt: str | None = None, *, tokens=None, n_threads
             nodes, first, first_undecided = [], None, None
             with Client("127.0.0.1", srv.port, timeout=600) as c, Client("127.0.0.1", srv2.port, timeout=600) as c2:
                 for k, node in enumerate(meta["nodes"]):
-                    rec = {"k": k, "name": node["name"], "op": _label(node), "ne": node["ne"]}
-                    nodes.append(rec)
                     srcs = [None if d is None else z[f"s{k}_{i}"] for i, d in enumerate(node["srcs"])]
-                    theirs = _values(z[f"o{k}"], node)
-                    if theirs is None:
-                        rec["skipped"] = f"output type {node['type']}"
-                        continue
-                    mine = _values(np.frombuffer(_refimpl_node(c, node, srcs), np.uint8), node)
-                    err = _nmse(theirs, mine)
-                    rec.update(nmse=err, budget=_budget(rec["op"], budgets))
-                    if err <= rec["budget"]:
-                        continue
-                    # over budget: is it the backend, or ggml's own numerics (what refimpl's ggml mode emulates:
-                    # the Q8 rounding of activations in quantized products, f16 accumulations)?
-                    ggml = _values(np.frombuffer(_refimpl_node(c2, node, srcs), np.uint8), node)
-                    rec.update(nmse_ggml=_nmse(theirs, ggml), modes=_nmse(ggml, mine))
-                    rec["verdict"] = "undecided" if rec["modes"] > rec["budget"] else "backend wrong"
-                    i = int(np.nanargmax(np.abs(theirs - mine))) if theirs.size else 0
-                    where = {"index": i, "backend": float(theirs[i]), "refimpl": float(mine[i]),
-                             "refimpl_ggml": float(ggml[i])}
-                    if rec["verdict"] == "undecided":
+                    rec, where = _judge_node(c, c2, k, node, srcs, z[f"o{k}"], budgets)
+                    nodes.append(rec)
+                    if rec.get("verdict") == "undecided":
                         first_undecided = first_undecided or {**rec, **where}
-                    elif first is None:
+                    elif rec.get("verdict") == "backend wrong" and first is None:
                         first = {**rec, **where}
                         if out is not None:
                             Path(out).mkdir(parents=True, exist_ok=True)
@@ -243,6 +220,39 @@ def judge_model(model_path, prompt: str | None = None, *, tokens=None, n_threads
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "model.json").write_text(json.dumps(result, indent=1, default=float))
     return result
+
+
+def _backend_run(model_path: str, tokens: list, npz: str, n_threads: int, offload: bool, backend_env):
+    """llama.cpp on the backend in a process of its own (`python -m refimpl.conformance.model`): every node's
+    sources and output, and the logits, in the npz it writes (opened)."""
+    job = {"model": model_path, "tokens": tokens, "out": npz, "n_threads": n_threads, "offload": bool(offload)}
+    p = subprocess.run([sys.executable, "-m", "refimpl.conformance.model", json.dumps(job)], capture_output=True,
+                       text=True, env={**os.environ, **(backend_env or {})})
+    if p.returncode != 0:
+        raise RuntimeError(f"llama.cpp's run on the backend failed:\n{p.stderr.strip()[-2000:]}")
+    return np.load(npz, allow_pickle=False)
+
+
+def _judge_node(c, c2, k: int, node: dict, srcs: list, output: np.ndarray, budgets: dict) -> tuple[dict, dict]:
+    """(the node's record, its worst element where it is over budget): the node computed by refimpl (exact,
+    through client c) from the backend's own inputs, against the backend's output; over its op's budget, again
+    in ggml numerics (client c2) to tell the backend's error from ggml's own numerics (the Q8 rounding of
+    activations in quantized products, f16 accumulations): `backend wrong` or `undecided`."""
+    rec = {"k": k, "name": node["name"], "op": _label(node), "ne": node["ne"]}
+    theirs = _values(output, node)
+    if theirs is None:
+        rec["skipped"] = f"output type {node['type']}"
+        return rec, {}
+    mine = _values(np.frombuffer(_refimpl_node(c, node, srcs), np.uint8), node)
+    err = _nmse(theirs, mine)
+    rec.update(nmse=err, budget=_budget(rec["op"], budgets))
+    if err <= rec["budget"]:
+        return rec, {}
+    ggml = _values(np.frombuffer(_refimpl_node(c2, node, srcs), np.uint8), node)
+    rec.update(nmse_ggml=_nmse(theirs, ggml), modes=_nmse(ggml, mine))
+    rec["verdict"] = "undecided" if rec["modes"] > rec["budget"] else "backend wrong"
+    i = int(np.nanargmax(np.abs(theirs - mine))) if theirs.size else 0
+    return rec, {"index": i, "backend": float(theirs[i]), "refimpl": float(mine[i]), "refimpl_ggml": float(ggml[i])}
 
 
 def replay(path) -> dict:
