@@ -147,6 +147,7 @@ def _generate_llama(args) -> int:
     steps = args.n_predict if args.n_predict >= 0 else n_ctx - len(ids)   # -1: until EOG or the context is full
     steps = min(steps, n_ctx - len(ids))
     sampler = _sampler(args)
+    _warmup(args, llama, m, ids)
     t0 = time.perf_counter()
     n, first = [0], [t0]
 
@@ -164,6 +165,18 @@ def _generate_llama(args) -> int:
     end = time.perf_counter()
     print(f"\n[{_speed_line(len(ids), n[0], first[0] - t0, end - first[0])}; {run_label(args)}]", file=sys.stderr)
     return 0
+
+
+def _warmup(args, family, m, ids) -> None:
+    """llama.cpp's warmup (an empty run before the first request; --no-warmup skips it): a prefill of two of
+    the prompt's tokens and one decode step on a scratch cache, so that the kernels a generation runs are
+    compiled (a fresh install: seconds, said in one line) or loaded from Numba's cache before the prompt's
+    clock starts. Its tokens leave no trace: the generation has its own cache."""
+    if getattr(args, "no_warmup", False):
+        return
+    first = list(ids[:2]) * (2 if len(ids) < 2 else 1)
+    for _ in family.generate(m, first, 2, cache=family.new_cache(m, 8), add_special=False):
+        pass
 
 
 def _show_metrics(args, sampler, tok, t) -> None:
@@ -200,6 +213,7 @@ def _chat_llama(args) -> int:
     if _llama2c_path(args):
         return _chat_llama2c(args, m)
     sampler = _sampler(args)
+    _warmup(args, llama, m, [m.tokenizer.bos_id if m.tokenizer.bos_id is not None else 0])
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
@@ -344,6 +358,9 @@ def add_sampling_args(s):
     s.add_argument("--vocab", help="RWKV: the World vocabulary file (rwkv_vocab_v20230424.txt, as the rwkv "
                    "package ships it) for a checkpoint, or a GGUF, without a tokenizer (default: that file next "
                    "to the checkpoint)")
+    s.add_argument("--no-warmup", action="store_true",
+                   help="skip the warmup (as llama.cpp's flag): a two-token run before the first request, so that "
+                   "the kernels are compiled or loaded before the prompt's clock starts")
     s.add_argument("--weights", choices=["auto", "f32", "quantized"], default="auto",
                    help="dequantize weights once at load (f32) or keep them quantized (default: quantized on the "
                    "numba backend, whose kernels read the blocks; elsewhere f32 if small)")

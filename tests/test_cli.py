@@ -30,6 +30,15 @@ def test_generate_greedy_continues_the_prompt(model):
     assert "3 tokens" in r.stderr
 
 
+def test_the_warmup_leaves_no_trace(model):
+    """The warmup (a two-token run on a scratch cache before the prompt) changes nothing in what is generated:
+    the same greedy continuation with and without it (--no-warmup), and it is llama.cpp's (" Paris")."""
+    args = ("generate", "-m", model, "-p", "The capital of France is", "-n", "6")
+    warm, cold = run(*args), run(*args, "--no-warmup")
+    assert warm.returncode == 0 and cold.returncode == 0, (warm.stderr, cold.stderr)
+    assert warm.stdout == cold.stdout and warm.stdout.startswith("The capital of France is Paris"), warm.stdout
+
+
 def test_chat_keeps_the_history(model):
     r = run("chat", "-m", model, "-n", "6", input="What is the capital of France?\nAnd of Italy?\n")
     assert r.returncode == 0, r.stderr
