@@ -5,6 +5,7 @@ definition in refimpl/conformance.py's docstring alone; the runs themselves (tes
 tests/rpc/test_conformance.py."""
 import json
 import math
+import os
 
 import pytest
 
@@ -150,3 +151,50 @@ def test_case_timeout_flag_is_checked(capsys):
     with pytest.raises(SystemExit) as e:
         main(["conformance", "-b", "cpu", "--case-timeout", "0", "-o", "ADD"])
     assert e.value.code == 2 and "--case-timeout wants a number > 0" in capsys.readouterr().err
+
+
+FAKE_TBO = r'''#!PYTHON
+"""A stand-in for test-backend-ops: `support` lists N cases of ADD; `test` judges its selection in order (one
+line each into GGML_JUDGE_OUT) and dies with SIGSEGV on the case named by CRASH_ON."""
+import os, signal, sys
+N = int(os.environ["FAKE_N"])
+cases = [f"ADD(type=f32,ne=[{i},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding={'x' * 40})"
+         for i in range(N)]
+args = sys.argv[1:]
+sel = args[args.index("-o") + 1] if "-o" in args else "ADD"
+if args[0] == "support":
+    print("backend_name,op_name,op_params,supported")
+    for c in cases:
+        print(f'Vulkan0,ADD,"{c[4:-1]}",1')
+    sys.exit(0)
+todo = cases if sel == "ADD" else [c if c.endswith(")") else c + ")" for c in sel.split("),")]
+with open(os.environ["GGML_JUDGE_OUT"], "a") as f:
+    for c in todo:
+        if c == os.environ.get("CRASH_ON"):
+            f.flush()
+            os.kill(os.getpid(), signal.SIGSEGV)
+        f.write('{"op": "ADD", "case": "%s"}\n' % c)
+        f.flush()
+'''
+
+
+def test_the_cases_after_a_crash_go_on_in_batches_a_command_line_can_hold(tmp_path):
+    """After a crash the judge reruns test-backend-ops on the cases after the one it died on, named one by one
+    in -o: 3,000 cases are ~300 KB, over Linux's 128 KiB for one argument ("Argument list too long", which
+    ended a Vulkan run). Every case is judged once, in batches, the crashed one recorded as the backend's."""
+    import stat
+    import sys
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "test-backend-ops"
+    fake.write_text(FAKE_TBO.replace("PYTHON", sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    n = 3000
+    crash_on = f"ADD(type=f32,ne=[10,1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding={'x' * 40})"
+    env = {**os.environ, "FAKE_N": str(n), "CRASH_ON": crash_on}
+    raws, crashes, unsupported, _ = conformance._pass(bindir, "Vulkan0", "ADD", None, env, tmp_path, "",
+                                                      lambda m: None, 0.0)
+    cases = [r["case"] for r in raws]
+    assert len(cases) == n - 1 and len(set(cases)) == n - 1 and crash_on not in cases
+    assert [c["case"] for c in crashes] == [crash_on] and crashes[0]["crash"] == "signal 11"
+    assert len(",".join(cases)) > 2 * conformance._MAX_SELECTION and unsupported == []

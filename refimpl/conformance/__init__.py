@@ -141,6 +141,23 @@ def _unknown_ops(names: list[str]) -> ConformanceError:
                             f"ggml's names as test-backend-ops prints them: ADD, MUL_MAT, FLASH_ATTN_EXT, ...)")
 
 
+# test-backend-ops takes the cases after a crash as one -o argument of full case strings; Linux refuses a single
+# argument over 128 KiB (MAX_ARG_STRLEN: "Argument list too long"), so they go in batches below that
+_MAX_SELECTION = 100_000
+
+
+def _batch(todo: list[str]) -> list[str]:
+    """The first cases of todo whose -o selection (joined by commas) is at most _MAX_SELECTION characters
+    (at least one case)."""
+    out, n = [], 0
+    for c in todo:
+        if out and n + len(c) + 1 > _MAX_SELECTION:
+            break
+        out.append(c)
+        n += len(c) + 1
+    return out
+
+
 def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: dict, out: Path, tag: str,
           progress, t0, case_timeout: float = math.inf) -> tuple[list[dict], list[dict], list[str], list | None]:
     """One test-backend-ops run under the judge on `device`, going on after a crash or a case that gives no result
@@ -152,7 +169,8 @@ def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: d
     env = {**env, "GGML_JUDGE_OUT": str(raw_path)}
     log_path = out / f"test-backend-ops{tag}.log"
     log_path.write_text("")
-    crashes, selection, listing = [], ops, None
+    crashes, selection, listing, batch = [], ops, None, None
+    attempted: set[str] = set()        # cases of a batch that ended normally: never run again, judged or not
     while True:
         cmd = [str(bindir / "test-backend-ops"), "test", "-b", device]
         cmd += ["-o", selection] if selection else []
@@ -160,9 +178,13 @@ def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: d
         with open(log_path, "a") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             stalled = _follow(proc, raw_path, progress, t0, case_timeout)
-        if proc.returncode in (0, 1) and not stalled:           # 1: some case failed, which the verdicts say
+        normal_end = proc.returncode in (0, 1) and not stalled     # 1: some case failed, which the verdicts say
+        if normal_end and batch is None:
             break
-        # it died on a case: the backend's crash is that case's verdict, and the run goes on after it
+        if normal_end:
+            attempted.update(batch)
+        # it died on a case (the backend's crash is that case's verdict, and the run goes on after it), or a
+        # batch of the cases after such a case ended: what is left of the selection
         if listing is None:
             listing = _case_list(bindir, device, ops, params, env)
         judged = collections.Counter(json.loads(ln)["case"] for ln in raw_path.read_text().splitlines()) \
@@ -171,7 +193,7 @@ def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: d
             judged[c["case"]] += 1
         todo = []
         for c, ok in listing:
-            if not ok:
+            if not ok or c in attempted:
                 continue
             if judged[c] > 0:
                 judged[c] -= 1
@@ -181,20 +203,23 @@ def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: d
         listed = {c for c, _ in listing}
         extra = [c for c in (ops or "").split("),") if "(" in c]
         extra = [c if c.endswith(")") else c + ")" for c in extra]
-        todo += [c for c in extra if c not in listed and judged[c] <= 0 and c not in todo]
+        todo += [c for c in extra if c not in listed and judged[c] <= 0 and c not in todo and c not in attempted]
         if not todo:
             break
-        if stalled:
-            crashes.append(_timeout_record(todo[0], device, case_timeout))
-            progress(f"conformance: no result within {case_timeout:.0f} s on {todo[0]} (test-backend-ops killed); "
-                     f"going on with the {len(todo) - 1} cases after it")
-        else:
-            crashes.append(_crash_record(todo[0], device, proc.returncode))
-            progress(f"conformance: test-backend-ops died (exit status {proc.returncode}) on {todo[0]}; "
-                     f"going on with the {len(todo) - 1} cases after it")
-        if len(todo) == 1:
-            break
-        selection = ",".join(todo[1:])
+        if not normal_end:
+            if stalled:
+                crashes.append(_timeout_record(todo[0], device, case_timeout))
+                progress(f"conformance: no result within {case_timeout:.0f} s on {todo[0]} (test-backend-ops "
+                         f"killed); going on with the {len(todo) - 1} cases after it")
+            else:
+                crashes.append(_crash_record(todo[0], device, proc.returncode))
+                progress(f"conformance: test-backend-ops died (exit status {proc.returncode}) on {todo[0]}; "
+                         f"going on with the {len(todo) - 1} cases after it")
+            todo = todo[1:]
+            if not todo:
+                break
+        batch = _batch(todo)
+        selection = ",".join(batch)
     raws = [json.loads(ln) for ln in raw_path.read_text().splitlines()] if raw_path.exists() else []
     unsupported = set(re.findall(r"^  (\S+\(.*\)): not supported \[", log_path.read_text(), re.M))
     # after a crash, the cases past it that the backend cannot run were never printed: the listing says
