@@ -191,9 +191,12 @@ def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: d
             if raw_path.exists() else collections.Counter()
         for c in crashes:
             judged[c["case"]] += 1
+        # `support` lists some cases as runnable that `test` then refuses ("not supported" in the log, no line
+        # of the judge): not cases to run again, nor the case it died on
+        refused = set(re.findall(r"^  (\S+\(.*\)): not supported \[", log_path.read_text(), re.M))
         todo = []
         for c, ok in listing:
-            if not ok or c in attempted:
+            if not ok or c in attempted or c in refused:
                 continue
             if judged[c] > 0:
                 judged[c] -= 1
