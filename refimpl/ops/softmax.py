@@ -114,9 +114,11 @@ def soft_max_ext_back(a: np.ndarray, b: np.ndarray, scale: float = 1.0, max_bias
 
         dx = scale * y * (dy - sum(y*dy))       sum over ne0, per row
 
-    (ggml's backward pass calls it as soft_max_ext_back(grad, y, scale, max_bias).) ggml-cpu rejects
-    max_bias != 0. As in ggml-cpu: the dot y.dy rounded to f32 (exact mode sums it in f64; ggml-cpu in
-    8-lane f32), then fl(dy - dot), fl(* y), fl(* scale).
+    (ggml's backward pass calls it as soft_max_ext_back(grad, y, scale, max_bias).) max_bias does not enter:
+    ALiBi adds slope * mask, a constant of the input, so the gradient is the same for every slope (ggml-vulkan
+    ignores it; ggml-cpu asserts max_bias == 0, a restriction of that backend, not of the op). As in
+    ggml-cpu: the dot y.dy rounded to f32 (exact mode sums it in f64; ggml-cpu in 8-lane f32), then
+    fl(dy - dot), fl(* y), fl(* scale).
     """
     a, b = np.asarray(a), np.asarray(b)
     for k, x in (("a", a), ("b", b)):
@@ -126,7 +128,5 @@ def soft_max_ext_back(a: np.ndarray, b: np.ndarray, scale: float = 1.0, max_bias
             fail("soft_max_ext_back", f"{k} must be contiguous (ggml-cpu asserts it)", a=a, b=b)
     if a.shape != b.shape:
         fail("soft_max_ext_back", "a (dy) and b (y) must have the same shape", a=a, b=b)
-    if max_bias != 0.0:
-        fail("soft_max_ext_back", f"ggml-cpu supports only max_bias == 0, got {max_bias}", a=a, b=b)
     dot = np.sum(a.astype(np.float64) * b.astype(np.float64), axis=-1, keepdims=True).astype(np.float32)
     return ((a - dot) * b) * np.float32(scale)

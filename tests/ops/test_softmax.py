@@ -76,14 +76,15 @@ def test_alibi_slopes_are_ggmls():
     np.testing.assert_array_equal(alibi_slopes(5, 0.0), np.ones(5, np.float32))
 
 
-@given(_scores(), st.sampled_from([1.0, 0.5]))
-def test_soft_max_back_is_the_vector_jacobian_product(xr, scale):
+@given(_scores(), st.sampled_from([1.0, 0.5]), st.sampled_from([0.0, 8.0]))
+def test_soft_max_back_is_the_vector_jacobian_product(xr, scale, max_bias):
+    """dx = scale * y * (dy - y.dy) whatever max_bias: ALiBi's slope * mask is a constant of the input."""
     x, rng = xr
     y64 = np.exp(x - x.max(-1, keepdims=True).astype(np.float64))
     y64 /= y64.sum(-1, keepdims=True)
     dy = rng.uniform(-1, 1, x.shape)
     want = scale * y64 * (dy - np.sum(y64 * dy, -1, keepdims=True))
-    got = soft_max_ext_back(dy.astype(np.float32), y64.astype(np.float32), scale)
+    got = soft_max_ext_back(dy.astype(np.float32), y64.astype(np.float32), scale, max_bias)
     size = np.sqrt(np.mean(np.square(scale * y64 * dy))) + 1e-30   # dy - dot cancels: judge against the terms
     assert np.mean(np.square(got - want)) / size**2 <= _tol("soft_max_ext_back")
 
@@ -101,4 +102,4 @@ def test_softmax_rejects_what_ggml_rejects():
     with pytest.raises(GGMLShapeError):
         soft_max_ext(x, sinks=np.zeros(3, np.float32))           # one sink per head (ne2 = 2)
     with pytest.raises(GGMLShapeError):
-        soft_max_ext_back(x, x, 1.0, 8.0)                        # ggml-cpu: max_bias must be 0
+        soft_max_ext_back(x, x.reshape(2, 4, 3), 1.0)            # dy and y of different shapes
