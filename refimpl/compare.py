@@ -187,9 +187,10 @@ def run_llama_cpp(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, c
     greedy (N > 0): after the prompt, decode N more tokens one at a time, each the argmax of the last
     logits (`generated`); `logits` is then (N, n_vocab), the logits each of those tokens was chosen from.
 
-    rpc ("HOST:PORT"): offload every layer, the output and the KV cache to the ggml RPC server there (`refimpl
-    serve`, or ggml's own rpc-server), as `llama-cli --rpc HOST:PORT -ngl 99` does; llama-cpp-python must be
-    built with -DGGML_RPC=ON (scripts/setup.sh does).
+    rpc ("HOST:PORT", or several comma-separated): offload every layer, the output and the KV cache to the ggml
+    RPC server there (`refimpl serve`, or ggml's own rpc-server), as `llama-cli --rpc HOST:PORT -ngl 99` does;
+    with several servers each is a device and llama.cpp splits the layers over them by their free memory.
+    llama-cpp-python must be built with -DGGML_RPC=ON (scripts/setup.sh does).
 
     offload: every layer, the output and the KV cache on the build's GPU devices (llama.cpp's -ngl 99), e.g. a
     libllama built with ggml-vulkan (LLAMA_CPP_LIB_PATH); without it the model runs on the CPU.
@@ -258,17 +259,22 @@ def _child(argv) -> int:
     return 0
 
 
-def register_rpc_server(endpoint: str) -> None:
-    """Add the ggml RPC server at `endpoint` to llama-cpp-python's ggml device registry (ggml-rpc.h's
-    `ggml_backend_rpc_add_server`, then ggml-backend.h's `ggml_backend_register`), as llama.cpp's --rpc does."""
+def register_rpc_server(endpoints: str) -> None:
+    """Add the ggml RPC server at each of the comma-separated `endpoints` to llama-cpp-python's ggml device
+    registry (ggml-rpc.h's `ggml_backend_rpc_add_server`, then ggml-backend.h's `ggml_backend_register`), as
+    llama.cpp's --rpc A,B does: each server is a device of its own."""
     rpc, ggml = _llama_lib("libggml-rpc"), _llama_lib("libggml")
     rpc.ggml_backend_rpc_add_server.argtypes, rpc.ggml_backend_rpc_add_server.restype = [ctypes.c_char_p], \
         ctypes.c_void_p
     ggml.ggml_backend_register.argtypes, ggml.ggml_backend_register.restype = [ctypes.c_void_p], None
-    reg = rpc.ggml_backend_rpc_add_server(endpoint.encode())
-    if not reg:
-        raise RuntimeError(f"the RPC server at {endpoint} reports no devices")
-    ggml.ggml_backend_register(reg)
+    listed = [e.strip() for e in endpoints.split(",")]
+    if not all(listed):
+        raise ValueError(f"rpc={endpoints!r}: an empty server in the list (HOST:PORT[,HOST:PORT...])")
+    for endpoint in listed:
+        reg = rpc.ggml_backend_rpc_add_server(endpoint.encode())
+        if not reg:
+            raise RuntimeError(f"the RPC server at {endpoint} reports no devices")
+        ggml.ggml_backend_register(reg)
 
 
 def _run_here(model_path, tokens, *, n_ctx: int = 512, n_threads: int = 2, capture: bool = True,

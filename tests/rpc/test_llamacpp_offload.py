@@ -127,3 +127,27 @@ def test_compare_served_lines_up_every_node():
     p = _model_path("smollm2")
     rows = compare_served(p, from_gguf(gguf.load(p)).encode("Once upon a time", add_special=True), numerics="ggml")
     assert len(rows) > 500 and first_over(rows) is None, first_over(rows)
+
+
+@pytest.mark.parametrize("numerics", ["ggml", "exact"])
+def test_a_model_split_over_two_servers_is_the_same_bits_as_on_one(model, numerics):
+    """llama.cpp's --rpc A,B: two `refimpl serve` processes are two devices and llama.cpp splits the layers over
+    them (by their free memory: about half each). Every node is computed by the same refimpl op on the same
+    bytes whichever server holds it, and the activations cross between servers as ggml tensors, so the logits
+    are the same bits as one server's, in either numerics."""
+    name, path, _, prompts = model
+    ids = prompts[0]
+    with Server("127.0.0.1", 0, backend="numpy", numerics=numerics) as one:
+        alone = run_llama_cpp(path, ids, capture=False, rpc=f"127.0.0.1:{one.port}")
+    with Server("127.0.0.1", 0, backend="numpy", numerics=numerics) as a, \
+            Server("127.0.0.1", 0, backend="numpy", numerics=numerics) as b:
+        split = run_llama_cpp(path, ids, capture=False, rpc=f"127.0.0.1:{a.port},127.0.0.1:{b.port}")
+        time.sleep(0.2)
+        computed = [sum(sum(c.computed.values()) for c in s.finished) for s in (a, b)]
+    layers = {dev: sum(f"assigned to device {dev}," in line for line in split.log.splitlines())
+              for dev in ("RPC0", "RPC1")}
+    assert min(layers.values()) >= 4, f"llama.cpp did not split {name}'s layers over both servers: {layers}"
+    assert min(computed) > 0, f"nodes computed per server: {computed}"
+    diff = np.flatnonzero(split.logits.view(np.uint32) != alone.logits.view(np.uint32))
+    assert diff.size == 0, (f"{diff.size} logits differ between two servers and one, first at "
+                            f"{np.unravel_index(diff[0], split.logits.shape)}")
