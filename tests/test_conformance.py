@@ -151,6 +151,9 @@ def test_case_timeout_flag_is_checked(capsys):
     with pytest.raises(SystemExit) as e:
         main(["conformance", "-b", "cpu", "--case-timeout", "0", "-o", "ADD"])
     assert e.value.code == 2 and "--case-timeout wants a number > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["conformance", "-b", "cpu", "--jobs", "0", "-o", "ADD"])
+    assert e.value.code == 2 and "--jobs wants a number >= 1, not '0'" in capsys.readouterr().err
 
 
 FAKE_TBO = r'''#!PYTHON
@@ -205,3 +208,34 @@ def test_the_cases_after_a_crash_go_on_in_batches_a_command_line_can_hold(tmp_pa
     # the crash is the case it died on, not the refused one listed before it
     assert [c["case"] for c in crashes] == [crash_on] and crashes[0]["crash"] == "signal 11"
     assert len(",".join(cases)) > 2 * conformance._MAX_SELECTION and unsupported == sorted(refused)
+
+
+def test_a_run_split_over_several_processes_judges_every_case_once_in_order(tmp_path, monkeypatch):
+    """--jobs N: the cases are dealt round-robin to N test-backend-ops processes run at once, each with servers
+    of its own; the records come back once each, in test-backend-ops' order, with the crash in one share and
+    the cases a share refuses as with one process."""
+    import stat
+    import sys
+
+    class NoServer:                       # the stand-in test-backend-ops computes nothing on a server
+        def __init__(self, numerics, log):
+            self.endpoint = f"127.0.0.1:{numerics}"
+
+        def stop(self):
+            pass
+    monkeypatch.setattr(conformance, "_Server", NoServer)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "test-backend-ops"
+    fake.write_text(FAKE_TBO.replace("PYTHON", sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    n = 300
+    case = "ADD(type=f32,ne=[{},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding=" + "x" * 40 + ")"
+    todo = [case.format(i) for i in range(n)]
+    crash_on, refused = case.format(10), [case.format(7), case.format(200)]
+    env = {**os.environ, "FAKE_N": str(n), "CRASH_ON": crash_on, "REFUSE": ";".join(refused)}
+    raws, crashes, unsupported = conformance._split_pass(bindir, "Vulkan0", todo, env, tmp_path, "",
+                                                         lambda m: None, 0.0, 60.0, True, 3)
+    assert [r["case"] for r in raws] == [c for c in todo if c != crash_on and c not in refused]
+    assert [c["case"] for c in crashes] == [crash_on] and unsupported == sorted(refused)
+    assert sorted(p.name for p in tmp_path.glob("raw*.jsonl")) == ["raw-1.jsonl", "raw-2.jsonl", "raw-3.jsonl"]

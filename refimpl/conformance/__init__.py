@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cliargs import above
+from ..cliargs import above, at_least
 from .verdicts import VERDICTS, ConformanceError, judge, read_cases, summarize, to_json, verdict  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,17 +159,25 @@ def _batch(todo: list[str]) -> list[str]:
 
 
 def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: dict, out: Path, tag: str,
-          progress, t0, case_timeout: float = math.inf) -> tuple[list[dict], list[dict], list[str], list | None]:
+          progress, t0, case_timeout: float = math.inf, cases: list[str] | None = None
+          ) -> tuple[list[dict], list[dict], list[str], list | None]:
     """One test-backend-ops run under the judge on `device`, going on after a crash or a case that gives no result
     within `case_timeout` seconds (the process is killed and restarted after it): (the patch's lines, parsed;
     a record per crash or time-out; the cases the device cannot run; test-backend-ops' listing of the selection
-    where a crash made it read it)."""
+    where a crash made it read it). `cases` (instead of ops/params): exactly these case strings, run in -o
+    batches (one share of a run split over several servers)."""
     raw_path = out / f"raw{tag}.jsonl"
     raw_path.unlink(missing_ok=True)
     env = {**env, "GGML_JUDGE_OUT": str(raw_path)}
     log_path = out / f"test-backend-ops{tag}.log"
     log_path.write_text("")
     crashes, selection, listing, batch = [], ops, None, None
+    if cases is not None:
+        if not cases:
+            return [], [], [], []
+        ops, params, listing = None, None, [(c, True) for c in cases]
+        batch = _batch(cases)
+        selection = ",".join(batch)
     attempted: set[str] = set()        # cases of a batch that ended normally: never run again, judged or not
     while True:
         cmd = [str(bindir / "test-backend-ops"), "test", "-b", device]
@@ -243,9 +251,9 @@ def _cpu_alone(raw_rec: dict, device: str) -> dict:
 
 def run(backend: str, ops: str | None = None, params: str | None = None, out: str | os.PathLike | None = None,
         *, cases_file: str | os.PathLike | None = None, second_reference: bool = True, cpu_alone: bool = True,
-        case_timeout: float = CASE_TIMEOUT, progress=print) -> dict:
+        case_timeout: float = CASE_TIMEOUT, jobs: int = 1, progress=print) -> dict:
     """Judge `backend` (a name of BACKENDS) on test-backend-ops' cases (`ops`: its -o, `params`: its -p, or
-    `cases_file`: one full case string per line); write DIR/raw.jsonl (the patch's lines), DIR/cases.jsonl (the
+    `cases_file`: one full case string per line), in `jobs` test-backend-ops processes at once; write DIR/raw.jsonl (the patch's lines), DIR/cases.jsonl (the
     records), DIR/unsupported.txt (the cases the backend cannot run), DIR/report.md and DIR/meta.json; return the
     summary (counts per verdict, seconds, the paths)."""
     if backend not in BACKENDS:
@@ -265,8 +273,10 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     from .verdicts import ops_known
     if [n for n in unlisted if not ops_known(n)]:
         raise _unknown_ops([n for n in unlisted if not ops_known(n)])
+    if int(jobs) != jobs or jobs < 1:
+        raise ConformanceError(f"--jobs {jobs}: a whole number of test-backend-ops processes, at least 1")
     records, unsupported = _judge_passes(bindir, be, ops, params, env, out, progress, t0, case_timeout,
-                                         second_reference, cpu_alone)
+                                         second_reference, cpu_alone, int(jobs))
     seen_ops = {r["op"] for r in records} | {c.split("(", 1)[0] for c in unsupported}
     if [n for n in unlisted if n not in seen_ops]:
         raise _unknown_ops([n for n in unlisted if n not in seen_ops])
@@ -302,33 +312,92 @@ def _selection(ops: str | None, params: str | None, cases_file) -> str | None:
 
 
 def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress, t0: float, case_timeout: float,
-                  second_reference: bool, cpu_alone: bool) -> tuple[list, list]:
+                  second_reference: bool, cpu_alone: bool, jobs: int = 1) -> tuple[list, list]:
     """(records, the cases the backend cannot run): test-backend-ops' pass on the backend against refimpl's
     servers (exact; ggml numerics as the second reference), then, where asked, the cases the backend cannot
-    run on ggml-cpu alone. The servers are stopped whatever happens."""
-    servers = [_Server("exact", out / "serve-exact.log")]
+    run on ggml-cpu alone. With jobs > 1 each pass's cases are dealt round-robin to `jobs` test-backend-ops
+    processes, each with servers of its own, run at once; the records come back in test-backend-ops' order."""
+    progress(f"conformance: {be.device} against refimpl (exact) and ggml-cpu"
+             + ("; refimpl ggml numerics where they disagree" if second_reference else "")
+             + (f"; {jobs} test-backend-ops processes, each with its own refimpl servers" if jobs > 1 else ""))
+    if jobs == 1:
+        raws, crashes, unsupported = _servers_pass(bindir, be.device, env, out, "", progress, t0, case_timeout,
+                                                   second_reference, ops=ops, params=params)
+    else:
+        listing = _case_list(bindir, be.device, ops, params, env)
+        listed = {c for c, _ in listing}
+        extra = [c if c.endswith(")") else c + ")" for c in (ops or "").split("),") if "(" in c]
+        # one share per distinct case string: -o runs every test of that string (a few tests print alike)
+        todo = list(dict.fromkeys([c for c, ok in listing if ok] + [c for c in extra if c not in listed]))
+        raws, crashes, unsupported = _split_pass(bindir, be.device, todo, env, out, "", progress, t0,
+                                                 case_timeout, second_reference, jobs)
+        unsupported = sorted(set(unsupported) | {c for c, ok in listing if not ok})
+    records = [judge(r) for r in raws] + crashes
+    if cpu_alone and be.device != "CPU" and unsupported:
+        # what the backend cannot run, ggml-cpu (its reference mode, as test-backend-ops uses it) judged alone
+        progress(f"conformance: the {len(unsupported)} cases {be.device} cannot run, on ggml-cpu alone")
+        if jobs == 1:
+            raws, crashes, _ = _servers_pass(bindir, "CPU", env, out, "-cpu-alone", progress, t0, case_timeout,
+                                             second_reference, ops=",".join(unsupported))
+        else:
+            raws, crashes, _ = _split_pass(bindir, "CPU", list(unsupported), env, out, "-cpu-alone", progress, t0,
+                                           case_timeout, second_reference, jobs)
+        records += [judge(_cpu_alone(r, be.device)) for r in raws] + crashes
+    return records, unsupported
+
+
+def _servers_pass(bindir: Path, device: str, env: dict, out: Path, tag: str, progress, t0: float,
+                  case_timeout: float, second_reference: bool, *, ops=None, params=None, cases=None):
+    """One `_pass` against refimpl servers of its own (exact as RPC0, ggml numerics as RPC1), stopped whatever
+    happens: (the patch's lines, crash/time-out records, the cases `device` cannot run)."""
+    servers = [_Server("exact", out / f"serve-exact{tag}.log")]
     try:
         if second_reference:
-            servers.append(_Server("ggml", out / "serve-ggml.log"))
-        env.update(GGML_RPC_SERVERS=",".join(s.endpoint for s in servers), GGML_JUDGE_REF="RPC0")
+            servers.append(_Server("ggml", out / f"serve-ggml{tag}.log"))
+        env = {**env, "GGML_RPC_SERVERS": ",".join(s.endpoint for s in servers), "GGML_JUDGE_REF": "RPC0"}
         if second_reference:
             env["GGML_JUDGE_REF2"] = "RPC1"
-        progress(f"conformance: {be.device} against refimpl (exact, {servers[0].endpoint}) and ggml-cpu"
-                 + (f"; refimpl ggml numerics ({servers[1].endpoint}) where they disagree" if second_reference
-                    else ""))
-        raws, crashes, unsupported, _ = _pass(bindir, be.device, ops, params, env, out, "", progress, t0,
-                                              case_timeout)
-        records = [judge(r) for r in raws] + crashes
-        if cpu_alone and be.device != "CPU" and unsupported:
-            # what the backend cannot run, ggml-cpu (its reference mode, as test-backend-ops uses it) judged alone
-            progress(f"conformance: the {len(unsupported)} cases {be.device} cannot run, on ggml-cpu alone")
-            raws, crashes, unsupported, _ = _pass(bindir, "CPU", ",".join(unsupported), None, env, out,
-                                                  "-cpu-alone", progress, t0, case_timeout)
-            records += [judge(_cpu_alone(r, be.device)) for r in raws] + crashes
+        raws, crashes, unsupported, _ = _pass(bindir, device, ops, params, env, out, tag, progress, t0,
+                                              case_timeout, cases=cases)
     finally:
         for s in servers:
             s.stop()
-    return records, unsupported
+    return raws, crashes, unsupported
+
+
+def _split_pass(bindir: Path, device: str, todo: list[str], env: dict, out: Path, tag: str, progress, t0: float,
+                case_timeout: float, second_reference: bool, jobs: int):
+    """`_servers_pass` over `todo` dealt round-robin (neighbouring cases of one op are alike in cost) to `jobs`
+    shares run at once in threads; the results merged back into `todo`'s order."""
+    import threading
+    shares = [todo[i::jobs] for i in range(jobs)]
+    results: list = [None] * jobs
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        def say(m: str) -> None:
+            with lock:
+                progress(m.replace("conformance:", f"conformance [{i + 1}/{jobs}]:", 1))
+        try:
+            results[i] = _servers_pass(bindir, device, env, out, f"{tag}-{i + 1}", say, t0, case_timeout,
+                                       second_reference, cases=shares[i])
+        except BaseException as e:          # noqa: BLE001 -- raised again in the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"conformance-{i + 1}") for i in range(jobs)
+               if shares[i]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    order = {c: k for k, c in enumerate(todo)}
+    raws = sorted((r for res in results if res for r in res[0]), key=lambda r: order.get(r["case"], len(order)))
+    crashes = sorted((r for res in results if res for r in res[1]), key=lambda r: order.get(r["case"], len(order)))
+    unsupported = sorted({c for res in results if res for c in res[2]})
+    return raws, crashes, unsupported
 
 
 def _write_outputs(out: Path, records: list, unsupported: list, be, bindir: Path, devices: dict, selection: str,
@@ -443,6 +512,9 @@ def add_parser(sub) -> None:
                    help=f"a case with no result after this long is `undecided` (timeout) and the run goes on after "
                    f"it (default {CASE_TIMEOUT:.0f}; a slow device such as lavapipe can sit on one case for tens of "
                    "minutes)")
+    s.add_argument("-j", "--jobs", type=at_least(1, "jobs", int), default=1, metavar="N",
+                   help="split the cases over N test-backend-ops processes run at once, each with refimpl servers "
+                   "of its own (default 1); the records are the same as one process's")
     s.add_argument("--no-second-reference", action="store_true", help="skip refimpl's ggml numerics (the "
                    "'undecided' check where the sides disagree)")
     s.add_argument("--model", metavar="GGUF", help="judge a whole model instead of test-backend-ops' cases: "
@@ -464,7 +536,7 @@ def cli(args) -> int:
     cases = SUBSETS[args.subset] if args.subset else args.cases
     s = run(args.backend, args.ops, args.params, args.out, cases_file=cases,
             second_reference=not args.no_second_reference, cpu_alone=not args.no_cpu_alone,
-            case_timeout=args.case_timeout, progress=lambda m: print(m, file=sys.stderr))
+            case_timeout=args.case_timeout, jobs=args.jobs, progress=lambda m: print(m, file=sys.stderr))
     print(summary_line(args.backend, s))
     return 0
 

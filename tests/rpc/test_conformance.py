@@ -25,10 +25,10 @@ GOLDEN = _vendor.REPO / "tests" / "golden_data" / "conformance"
 SUM_CASE = "SUM(type=f32,ne=[33,256,1,1],permute=[1,0,2,3])"
 
 
-def _judge(backend: str, tmp_path):
+def _judge(backend: str, tmp_path, jobs: int = 1):
     out = tmp_path / "judge"
     p = subprocess.run([sys.executable, "-m", "refimpl", "conformance", "-b", backend, "--subset", "ci",
-                        "--out", str(out)], capture_output=True, text=True, timeout=3000)
+                        "--out", str(out), "--jobs", str(jobs)], capture_output=True, text=True, timeout=3000)
     assert p.returncode == 0, p.stderr[-3000:]
     print("\n" + p.stdout.strip())
     recs = read_cases(out / "cases.jsonl")
@@ -58,8 +58,10 @@ def _same_verdicts(recs, recorded):
 
 
 def test_ci_subset_judged_for_portable_cpu(tmp_path):
+    """Split over two test-backend-ops processes, each with refimpl servers of its own (--jobs 2): the verdicts
+    are those one process recorded."""
     _vendor.bin_dir()                            # the portable build, with the judge patch (cached)
-    recs = _judge("cpu", tmp_path)
+    recs = _judge("cpu", tmp_path, jobs=2)
     s = [r for r in recs if r["case"] == SUM_CASE]
     assert s and all(r["verdict"] == "both wrong" and r["err_backend"] > r["budget"] for r in s), \
         "ggml-cpu's optimized path shares the bug of its reference mode"
