@@ -12,6 +12,9 @@ Parts, in the order they run (each measurement in its own fresh interpreter, one
                 (llama-cpp-python), one process per engine; benchmarks/llama.py's child
     rpc         SmolLM2 decode tokens/s with llama.cpp offloading every layer to `refimpl serve` (numba, fast and
                 exact) vs refimpl's own llama.forward in the same backend and numerics; benchmarks/rpc.py's child
+    tbo         ggml's test-backend-ops cases/s, op by op, against ggml's own ggml-rpc-server (CPU, 2 threads) and
+                `refimpl serve` in exact and in ggml numerics, interleaved; a slice of the suite (--tbo-ops all:
+                every op); benchmarks/tbo.py's child
     bert        all-MiniLM-L6-v2 sentences/s, batches of 32: refimpl (numba exact, numba fast, numpy) vs
                 sentence-transformers; benchmarks/bert.py's child
     rwkv        RWKV-4 169M-shape (random weights) prefill / decode tokens/s: refimpl (numba exact, numba fast,
@@ -54,7 +57,7 @@ from pathlib import Path
 from benchmarks.summary import Machine, Row, cpu_name, report, target_for, versions, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("compile", "quants", "mul_mat", "llama", "rpc", "bert", "rwkv", "gguf_load", "import_time")
+PARTS = ("compile", "quants", "mul_mat", "llama", "rpc", "tbo", "bert", "rwkv", "gguf_load", "import_time")
 MM_TYPES = ("f32", "f16", "q4_0", "q4_1", "q8_0", "q4_K", "q6_K")
 Q_TYPES = ("q4_0", "q8_0", "q4_K", "q6_K")
 Q_TYPES_FULL = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs",
@@ -70,6 +73,7 @@ class Config:
     threads: list
     timeout: float
     numba_cache: str = ""      # NUMBA_CACHE_DIR of every child: this run's own, unless the caller set one
+    tbo_ops: str = ""          # the tbo part's selection (--tbo-ops): empty for the slice
 
     def pick(self, full, quick):
         return quick if self.quick else full
@@ -531,6 +535,38 @@ def part_rpc(cfg: Config, notes: list) -> list[Row]:
     return rows
 
 
+def part_tbo(cfg: Config, notes: list) -> list[Row]:
+    from benchmarks import tbo
+    what = "test-backend-ops, cases/s"
+    if subprocess.run(["bash", str(ROOT / "scripts" / "build_llamacpp.sh"), "--cached"], capture_output=True).returncode:
+        why = "test-backend-ops not built (bash scripts/build_llamacpp.sh)"
+        return [Row("tbo", what, "refimpl serve exact", why, "ggml-rpc-server", why, "2")]
+    ops = cfg.tbo_ops or ",".join(tbo.QUICK if cfg.quick else tbo.SLICE)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from llama_archs import _bin
+    import dataclasses
+    long = dataclasses.replace(cfg, timeout=max(cfg.timeout, 6 * 3600.0)) if ops == "all" else cfg
+    r = spawn_child("tbo", dict(ops=tbo.parse_ops(ops, _bin()), threads=2), {}, long)
+    if "error" in r:
+        return [Row("tbo", what, "refimpl serve exact", r["error"], "ggml-rpc-server", r["error"], "2")]
+    rows, res = [], r["rows"]
+    for x in res + [{"op": "all", "params": None, "cases": sum(x["cases"] for x in res),
+                     **{k: sum(x[k] for x in res) for k in ("ggml-rpc-server", "refimpl exact", "refimpl ggml",
+                                                            "refimpl exact in ops", "refimpl ggml in ops")}}]:
+        label = f"{x['op']}{' -p ' + x['params'] if x['params'] else ''} ({x['cases']} cases)"
+        for eng, target in (("refimpl exact", 0.909 if x["op"] == "all" else 0.667),     # within 1.1x / 1.5x of C
+                            ("refimpl ggml", 0.769 if x["op"] == "all" else None)):       # within 1.3x
+            rows.append(Row("tbo", f"{label}, cases/s; {x[eng + ' in ops']:.1f} of refimpl's {x[eng]:.1f} s in ops",
+                            f"{eng.replace('refimpl', 'refimpl serve')}", x["cases"] / x[eng], "ggml-rpc-server",
+                            x["cases"] / x["ggml-rpc-server"], "2", key="tbo", target=target, exact=not cfg.quick))
+    notes.append("tbo: test-backend-ops (scripts/build_llamacpp.sh's portable build) `test -b RPC0 -o OP [-p REGEX]` "
+                 "once per op against each server, the order rotated op by op; ggml-rpc-server is the same build's "
+                 "CPU backend at 2 threads, refimpl serve the Numba backend; the floor every server shares is "
+                 "test-backend-ops' own work (inputs, ggml-cpu's side); targets: 1/1.1 overall and 1/1.5 per op "
+                 "in exact numerics, 1/1.3 overall in ggml numerics")
+    return rows
+
+
 def part_bert(cfg: Config, notes: list) -> list[Row]:
     from refimpl.fetch import path
     d = path("minilm")
@@ -629,7 +665,7 @@ def part_import_time(cfg: Config, notes: list) -> list[Row]:
 
 
 PART_FNS = {"compile": part_compile, "quants": part_quants, "mul_mat": part_mul_mat, "llama": part_llama,
-            "rpc": part_rpc,
+            "rpc": part_rpc, "tbo": part_tbo,
             "bert": part_bert, "rwkv": part_rwkv, "gguf_load": part_gguf_load, "import_time": part_import_time}
 
 
@@ -642,6 +678,8 @@ def parse(argv=None):
     ap.add_argument("--only", default="", help=f"comma-separated parts, from {','.join(PARTS)}")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--json", help="also write the rows, machine and notes here")
+    ap.add_argument("--tbo-ops", default="", metavar="OPS", help="the tbo part's ops, OP[:REGEX],... or all "
+                    "(the whole test-backend-ops suite, hours); default: a slice of the suite")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     want = [p for p in a.only.split(",") if p] or list(PARTS)
@@ -662,7 +700,8 @@ def main(argv=None) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="refimpl_bench_numba_") as cache:
         # one Numba cache for the run's children: kernel sources edited meanwhile cannot drop it mid-run
-        cfg = Config(a.quick, a.thread_list, 600 if a.quick else 7200, os.environ.get("NUMBA_CACHE_DIR") or cache)
+        cfg = Config(a.quick, a.thread_list, 600 if a.quick else 7200, os.environ.get("NUMBA_CACHE_DIR") or cache,
+                     a.tbo_ops)
         run(a, cfg, argv)
 
 
