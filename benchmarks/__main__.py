@@ -538,7 +538,8 @@ def part_rpc(cfg: Config, notes: list) -> list[Row]:
 def part_tbo(cfg: Config, notes: list) -> list[Row]:
     from benchmarks import tbo
     what = "test-backend-ops, cases/s"
-    if subprocess.run(["bash", str(ROOT / "scripts" / "build_llamacpp.sh"), "--cached"], capture_output=True).returncode:
+    cached = subprocess.run(["bash", str(ROOT / "scripts" / "build_llamacpp.sh"), "--cached"], capture_output=True)
+    if cached.returncode:
         why = "test-backend-ops not built (bash scripts/build_llamacpp.sh)"
         return [Row("tbo", what, "refimpl serve exact", why, "ggml-rpc-server", why, "2")]
     ops = cfg.tbo_ops or ",".join(tbo.QUICK if cfg.quick else tbo.SLICE)

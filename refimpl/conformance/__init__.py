@@ -253,9 +253,9 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
         *, cases_file: str | os.PathLike | None = None, second_reference: bool = True, cpu_alone: bool = True,
         case_timeout: float = CASE_TIMEOUT, jobs: int = 1, progress=print) -> dict:
     """Judge `backend` (a name of BACKENDS) on test-backend-ops' cases (`ops`: its -o, `params`: its -p, or
-    `cases_file`: one full case string per line), in `jobs` test-backend-ops processes at once; write DIR/raw.jsonl (the patch's lines), DIR/cases.jsonl (the
-    records), DIR/unsupported.txt (the cases the backend cannot run), DIR/report.md and DIR/meta.json; return the
-    summary (counts per verdict, seconds, the paths)."""
+    `cases_file`: one full case string per line), in `jobs` test-backend-ops processes at once; write
+    DIR/raw.jsonl (the patch's lines), DIR/cases.jsonl (the records), DIR/unsupported.txt (the cases the backend
+    cannot run), DIR/report.md and DIR/meta.json; return the summary (counts per verdict, seconds, the paths)."""
     if backend not in BACKENDS:
         raise ConformanceError(f"unknown backend {backend!r}; refimpl judges: {', '.join(BACKENDS)}")
     be = BACKENDS[backend]
