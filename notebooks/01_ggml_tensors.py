@@ -223,6 +223,14 @@ except ValueError as e:
 print(inspect.getsource(refimpl.mul_mat.reference).split('"""')[2])
 
 # %% [markdown]
+# ## Try this
+#
+# Change `Q` in the broadcasting cell to 6 heads (`rng.standard_normal((6, 5, 8))`) and run it again: now two
+# query heads share each K head. `KQ` still equals `as_repeat`; which query heads does `as_tile` pair with the
+# wrong K head? Then give `Q` 7 heads: 3 K heads cannot be shared among 7 query heads, and `refimpl.mul_mat`
+# says so, with both shapes in ggml's order and in NumPy's.
+
+# %% [markdown]
 # ## Exercises
 #
 # **1. Permute.** Write `my_permute(x, a0, a1, a2, a3)` for a 4-D NumPy array with ggml's meaning (source dim

@@ -253,6 +253,14 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ## Try this
+#
+# In the soft_max_ext cell, set `max_bias=1.0` instead of `8.0` and run it again: ALiBi's slopes shrink and
+# every head's attention spreads further back over the past tokens. Which head changes most? Then in the rope
+# cell, score `rope_at(q, p + 70)` against `rope_at(k, p)`: the score still depends only on the distance 70,
+# never on `p`.
+
+# %% [markdown]
 # ## Exercises
 #
 # **1. rms_norm.** Write `my_rms_norm(x, eps)` for float32 `x` of any shape, normalising the last axis.

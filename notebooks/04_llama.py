@@ -204,6 +204,14 @@ for name, smp in (("greedy", Sampler()), ("T=1.5, seed 3", Sampler(temperature=1
     print(f"{name:14}", repr(continue_from(cache, last, smp)))
 
 # %% [markdown]
+# ## Try this
+#
+# Change the user's message in the prompt cell to a question of your own and run the notebook down to the
+# attention maps: which earlier tokens do layer 0's heads look at from the last position? Then add
+# `"T=1.5": Sampler(temperature=1.5, seed=0)` to `samplers`: how much of the share moves to tokens further
+# down the ranking?
+
+# %% [markdown]
 # Greedy decoding answers the question. At temperature 1.5 the distribution is flattened so much that
 # unlikely tokens win within a few steps, and every one of them conditions the next.
 #

@@ -134,6 +134,14 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ## Try this
+#
+# Add two sentences of your own to `corpus` in the similarity cell: one that means "A man is eating food." in
+# other words, and one that shares its words but not its meaning. Which does MiniLM place closer? Then in the
+# batch cell, lengthen the second text: `alone` and `batched` stay equal, because the mask keeps the padding
+# out of the short sentence's attention.
+
+# %% [markdown]
 # ## Exercises
 #
 # **1. Masked mean pooling.** Write `my_mean_pool(states, lengths)`: `states` is a padded batch

@@ -217,6 +217,13 @@ ax.set_ylabel("RMS of the residual stream")
 plt.show()
 
 # %% [markdown]
+# ## Try this
+#
+# In the WKV cell, make every decay close to 1 (`w = np.full((H, N), 0.999, np.float32)`) and run it and the
+# attention-matrix cell again: a token's key now reaches every later token almost undiminished, where decays
+# near 0 forget it at once. The state keeps its size either way: that is what makes RWKV an RNN.
+
+# %% [markdown]
 # ## Exercises
 #
 # **1. One head's WKV.** Write `my_wkv(k, v, r, u, w, S)` for one head: `k, v, r` `(T, N)`, `u, w` `(N,)`, the state
