@@ -571,8 +571,9 @@ class Connection:
         fname = f"{self.dump_seq:06d}-{safe}.npy"
         np.save(d / fname, arr)
         with open(d / "index.jsonl", "a") as f:
+            srcs = [tensors[s].name if s in tensors else None for s in n.src if s]   # the graph's edges
             f.write(json.dumps({"seq": self.dump_seq, "name": n.name, "op": name, "type": n.tname, "ne": n.ne,
-                                "shape": list(n.shape), "file": fname}) + "\n")
+                                "shape": list(n.shape), "srcs": srcs, "file": fname}) + "\n")
 
     def _graph_compute(self, size: int) -> None:
         if size < 8:

@@ -198,3 +198,29 @@ def test_refused_strided_node_leaves_the_gaps_between_its_rows(client):
     for r in range(4):
         assert got[64 * r:64 * r + 34] == b"\xff" * 34
         assert got[64 * r + 34:64 * r + 64] == bytes(range(64 * r + 34, 64 * r + 64))
+
+
+def test_dump_writes_each_node_with_its_sources(tmp_path):
+    """--dump DIR: each computed node as DIR/NNNNNN-NAME.npy and a line of DIR/index.jsonl naming its op, ne,
+    NumPy shape and sources. The graph is ggml's examples/simple: A (4 x 2) and B (3 x 2) as ne [2, 4] and
+    ne [2, 3], mul_mat(A, B) of ne [4, 3], whose printed answer ggml's README gives."""
+    import json
+    from refimpl.rpc import Server
+    A = np.array([[2, 8], [5, 1], [4, 2], [8, 6]], np.float32)
+    B = np.array([[10, 5], [9, 9], [5, 4]], np.float32)
+    with Server("127.0.0.1", 0, backend="numpy", dump=tmp_path) as srv, Client("127.0.0.1", srv.port) as c:
+        buf, _ = c.alloc_buffer(1024)
+        base = c.buffer_get_base(buf)
+        a = T(1, "f32", [2, 4], buf, base, name="a")
+        b = T(2, "f32", [2, 3], buf, base + 64, name="b")
+        y = T(3, "f32", [4, 3], buf, base + 128, op="MUL_MAT", src=[a, b], name="result")
+        c.set_tensor(a, A.tobytes())
+        c.set_tensor(b, B.tobytes())
+        c.graph_compute([y], [a, b, y])
+        got = np.frombuffer(c.get_tensor(y, 0, 48), np.float32).reshape(3, 4)
+    want = np.array([[60, 55, 50, 110], [90, 54, 54, 126], [42, 29, 28, 64]], np.float32)
+    np.testing.assert_array_equal(got, want)
+    (line,) = [json.loads(x) for x in (tmp_path / "index.jsonl").read_text().splitlines()]
+    assert (line["name"], line["op"], line["ne"][:2], line["shape"], line["srcs"]) == \
+        ("result", "MUL_MAT", [4, 3], [1, 1, 3, 4], ["a", "b"])
+    np.testing.assert_array_equal(np.load(tmp_path / line["file"]), want)
