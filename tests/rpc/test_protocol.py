@@ -223,4 +223,4 @@ def test_dump_writes_each_node_with_its_sources(tmp_path):
     (line,) = [json.loads(x) for x in (tmp_path / "index.jsonl").read_text().splitlines()]
     assert (line["name"], line["op"], line["ne"][:2], line["shape"], line["srcs"]) == \
         ("result", "MUL_MAT", [4, 3], [1, 1, 3, 4], ["a", "b"])
-    np.testing.assert_array_equal(np.load(tmp_path / line["file"]), want)
+    np.testing.assert_array_equal(np.load(tmp_path / line["file"]), want.reshape(1, 1, 3, 4))
