@@ -310,10 +310,18 @@ def notebooks_index() -> str:
              "checked against refimpl. Run one locally with `pip install -e '.[notebooks]'` and "
              "`jupyter lab notebooks/` (or `jupytext --to ipynb` and any notebook viewer); "
              "`REFIMPL_DOCS_EXECUTE=false mkdocs build` builds the pages with the code only.", ""]
+    lines += ["## The path", "", *notebook_path(), "", "## Each notebook", ""]
     for src in notebook_sources():
         title, para = _notebook_summary(src)
         lines += [f"- [{title}]({src.name}): {para}"]
     return "\n".join(lines)
+
+
+def notebook_path() -> list[str]:
+    """The path table of notebooks/README.md (its one home), each notebook's name a link to its page."""
+    text = (NB_DIR / "README.md").read_text(encoding="utf-8")
+    table = text.split("<!-- path:", 1)[1].split("\n", 1)[1].split("\n\n", 1)[0]
+    return [re.sub(r"`(\d\d_\w+)`", r"[\1](\1.py)", ln) for ln in table.splitlines()]
 
 
 SHRUNK_MARKER = "<!-- refimpl: shrunk example -->"
