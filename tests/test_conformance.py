@@ -185,11 +185,8 @@ with open(os.environ["GGML_JUDGE_OUT"], "a") as f:
 '''
 
 
-def test_the_cases_after_a_crash_go_on_in_batches_a_command_line_can_hold(tmp_path):
-    """After a crash the judge reruns test-backend-ops on the cases after the one it died on, named one by one
-    in -o: 3,000 cases are ~300 KB, over Linux's 128 KiB for one argument ("Argument list too long", which
-    ended a Vulkan run). Every case is judged once, in batches, the crashed one recorded as the backend's; a
-    case that `support` lists but the run refuses is neither run again nor blamed for the crash after it."""
+def _fake_bin(tmp_path):
+    """A build directory whose test-backend-ops is FAKE_TBO."""
     import stat
     import sys
     bindir = tmp_path / "bin"
@@ -197,6 +194,15 @@ def test_the_cases_after_a_crash_go_on_in_batches_a_command_line_can_hold(tmp_pa
     fake = bindir / "test-backend-ops"
     fake.write_text(FAKE_TBO.replace("PYTHON", sys.executable))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return bindir
+
+
+def test_the_cases_after_a_crash_go_on_in_batches_a_command_line_can_hold(tmp_path):
+    """After a crash the judge reruns test-backend-ops on the cases after the one it died on, named one by one
+    in -o: 3,000 cases are ~300 KB, over Linux's 128 KiB for one argument ("Argument list too long", which
+    ended a Vulkan run). Every case is judged once, in batches, the crashed one recorded as the backend's; a
+    case that `support` lists but the run refuses is neither run again nor blamed for the crash after it."""
+    bindir = _fake_bin(tmp_path)
     n = 3000
     case = "ADD(type=f32,ne=[{},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding=" + "x" * 40 + ")"
     crash_on, refused = case.format(10), [case.format(7), case.format(2000)]
@@ -214,9 +220,6 @@ def test_a_run_split_over_several_processes_judges_every_case_once_in_order(tmp_
     """--jobs N: the cases are dealt round-robin to N test-backend-ops processes run at once, each with servers
     of its own; the records come back once each, in test-backend-ops' order, with the crash in one share and
     the cases a share refuses as with one process."""
-    import stat
-    import sys
-
     class NoServer:                       # the stand-in test-backend-ops computes nothing on a server
         def __init__(self, numerics, log):
             self.endpoint = f"127.0.0.1:{numerics}"
@@ -224,11 +227,7 @@ def test_a_run_split_over_several_processes_judges_every_case_once_in_order(tmp_
         def stop(self):
             pass
     monkeypatch.setattr(conformance, "_Server", NoServer)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    fake = bindir / "test-backend-ops"
-    fake.write_text(FAKE_TBO.replace("PYTHON", sys.executable))
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    bindir = _fake_bin(tmp_path)
     n = 300
     case = "ADD(type=f32,ne=[{},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding=" + "x" * 40 + ")"
     todo = [case.format(i) for i in range(n)]
