@@ -25,7 +25,6 @@ import os
 os.environ.setdefault("REFIMPL_BACKEND", "numpy")   # run the NumPy reference itself (no compiled kernels)
 
 import json
-import pathlib
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -92,11 +91,11 @@ print("'A cat.' alone vs batched with a long sentence: max |diff|", np.abs(alone
 # %% [markdown]
 # ## Against sentence-transformers
 #
-# `tests/golden_data/bert_minilm.npz` holds embeddings that sentence-transformers (PyTorch, CPU) produced for
+# `refimpl.fetch.golden("bert_minilm")` holds embeddings that sentence-transformers (PyTorch, CPU) produced for
 # 36 varied sentences. The cosine between refimpl's and its embedding, per sentence:
 
 # %%
-golden = np.load(pathlib.Path("..") / "tests" / "golden_data" / "bert_minilm.npz")
+golden = np.load(refimpl.fetch.golden("bert_minilm"))       # shipped with refimpl
 sentences = json.loads(str(golden["sentences"]))[:16]
 ours = bert.embed(model, sentences)
 cos = np.sum(ours * golden["st_emb"][:16], axis=1)

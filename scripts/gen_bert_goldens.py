@@ -5,7 +5,7 @@ CPU, llama-cpp-python built with the portable AVX2 flags).
     python scripts/gen_bert_goldens.py --only st       # sentence-transformers only
     python scripts/gen_bert_goldens.py --only llama    # llama.cpp on the GGUFs `refimpl convert` writes
 
-Writes tests/golden_data/bert_minilm.npz:
+Writes refimpl/data/goldens/bert_minilm.npz:
     sentences        the test sentences (one JSON string)
     st_ids / st_off  sentence-transformers' token ids, flattened, with offsets (st_off[i]:st_off[i+1])
     st_emb           its normalized mean-pooled embeddings, float32 (n, 384)
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "tests" / "golden_data" / "bert_minilm.npz"
+OUT = ROOT / "refimpl" / "data" / "goldens" / "bert_minilm.npz"       # shipped: the notebooks read it
 MAX_LEN = 256                                  # sentence_bert_config.json's max_seq_length
 CONVERT_OUT = ROOT / "tests" / "golden_data" / "bert_minilm_convert.json"
 

@@ -44,8 +44,9 @@ llama_tokens_pre.json  the same strings through other tokenizers of llama.cpp
                        `sentencepiece` on the strings) as GGUF metadata, and llama.cpp's ids for
                        every string with add_special True/False and parse_special True/False
 
-llama_logits_smollm2.npz   the real SmolLM2 forward, for a handful of prompts p0, p1, ... (one is
-                           chat-formatted); "meta" is a JSON string with the prompts and the build
+llama_logits_smollm2.npz   (in refimpl/data/goldens/: shipped, the notebooks read it) the real SmolLM2 forward, for a
+                           handful of prompts p0, p1, ... (one is chat-formatted); "meta" is a JSON string with
+                           the prompts and the build
     p{i}_prompt_ids        int32 (n,)         the prompt's ids (llama.cpp's tokenizer)
     p{i}_top_ids/_logits   int32/f32 (n, 16)  top 16 logits of every position, descending (ties:
                            lower id first), from ONE llama_decode over the whole prompt (batched
@@ -141,6 +142,7 @@ N_GREEDY = 32
 SEED = 1234
 N_THREADS = 2
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden_data")
+GOLDENS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "refimpl", "data", "goldens")
 PRE_NAMES = ("default", "gpt-2", "llama3", "qwen2", "starcoder")
 SPM_USER_DEFINED = ("<tool>", "[INST]")
 
@@ -508,7 +510,7 @@ def gen_logits(model: str, out: str, log: LogCapture) -> None:
                     "one micro-batch (n_ubatch=512)",
             "load_log": load_log, "prompts": prompts}
     del llm
-    path = os.path.join(out, "llama_logits_smollm2.npz")
+    path = os.path.join(GOLDENS, "llama_logits_smollm2.npz")     # shipped with refimpl: the notebooks read it
     np.savez_compressed(path, meta=np.array(json.dumps(meta, ensure_ascii=False)), **arrays)
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from refimpl import fetch
 from refimpl.tokenizer import PRE_TOKENIZERS, TokenType, from_gguf
 from tests._models import SMOLLM2_FILE, missing_reason, smollm2_path
 
@@ -279,7 +280,7 @@ def test_spm_stream_equals_decode_without_prefix_strip(spm, golden_pre):
 # ---- the logits golden file tokenizes as we do -------------------------------------------------------
 
 def test_logit_prompts_tokenize_identically(bpe):
-    z = np.load(GOLDEN / "llama_logits_smollm2.npz")
+    z = np.load(fetch.golden("llama_logits_smollm2"))
     meta = json.loads(str(z["meta"]))
     for i, pr in enumerate(meta["prompts"]):
         assert bpe.encode(pr["text"]) == z[f"p{i}_prompt_ids"].tolist(), pr["name"]

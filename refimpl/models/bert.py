@@ -21,7 +21,7 @@ The graph is llama.cpp's (src/models/bert.cpp, llm_graph_context::build_attn / b
 
 The activation is llama.cpp's ggml_gelu (the tanh approximation, which ggml-cpu evaluates through an f16 table)
 for both sources, although Hugging Face's "gelu" (BERT, MiniLM) is the exact erf GELU: measured on
-all-MiniLM-L6-v2 (36 varied sentences, tests/golden_data/bert_minilm.npz, mean pooling, F32 weights), the smallest
+all-MiniLM-L6-v2 (36 varied sentences, refimpl.fetch.golden("bert_minilm"), mean pooling, F32 weights), the smallest
 cosine per sentence is
 
     act        vs sentence-transformers    vs llama.cpp on the converted F32 GGUF (flash attention off / on)

@@ -1,4 +1,4 @@
-"""The real all-MiniLM-L6-v2 against its references, from tests/golden_data/bert_minilm.npz
+"""The real all-MiniLM-L6-v2 against its references, from refimpl.fetch.golden("bert_minilm")
 (scripts/gen_bert_goldens.py): sentence-transformers' ids and embeddings, and llama.cpp's ids and embeddings for
 the GGUFs `refimpl convert` writes; and `refimpl convert` against what llama.cpp's own converter writes
 (tests/golden_data/bert_minilm_convert.json).
@@ -40,7 +40,7 @@ def minilm() -> Path:
 
 @pytest.fixture(scope="module")
 def golden():
-    with np.load(DATA / "bert_minilm.npz", allow_pickle=False) as z:
+    with np.load(fetch.golden("bert_minilm"), allow_pickle=False) as z:
         g = {k: z[k] for k in z.files}
     g["sentences"] = json.loads(str(g["sentences"]))
     return g

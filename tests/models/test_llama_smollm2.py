@@ -1,23 +1,23 @@
 """The real SmolLM2-135M-Instruct (Q4_1) through refimpl against llama.cpp's goldens.
 
-tests/golden_data/llama_logits_smollm2.npz comes from scripts/gen_llama_goldens.py (llama-cpp-python,
+refimpl.fetch.golden("llama_logits_smollm2") comes from scripts/gen_llama_goldens.py (llama-cpp-python,
 the portable AVX2 build, batched prefill with logits for every position, f16 KV cache, no weight
 repacking; its metadata records the build). For each prompt it holds llama.cpp's 32 greedy tokens, and
 the top-16 logits at every position of prompt + greedy continuation run in one batch ("tf").
 """
 import json
-import pathlib
 
 import numpy as np
 import pytest
 
+from refimpl.fetch import golden
 from refimpl.testing import nmse, tol
 
 from .._models import smollm2_path
 
 pytestmark = pytest.mark.golden
 
-GOLDEN = pathlib.Path(__file__).parent.parent / "golden_data" / "llama_logits_smollm2.npz"
+GOLDEN = golden("llama_logits_smollm2")
 
 
 @pytest.fixture(scope="module")
