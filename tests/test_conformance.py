@@ -238,3 +238,12 @@ def test_a_run_split_over_several_processes_judges_every_case_once_in_order(tmp_
     assert [r["case"] for r in raws] == [c for c in todo if c != crash_on and c not in refused]
     assert [c["case"] for c in crashes] == [crash_on] and unsupported == sorted(refused)
     assert sorted(p.name for p in tmp_path.glob("raw*.jsonl")) == ["raw-1.jsonl", "raw-2.jsonl", "raw-3.jsonl"]
+
+
+def test_the_summary_line_counts_each_case_the_backend_cannot_run_once():
+    """The cases the backend cannot run are counted once, those of them judged on ggml-cpu alone among them
+    (the line said 8 for 4 such cases, 4 of them judged alone)."""
+    recs = [judge(raw(op="GET_ROWS")), judge(conformance._cpu_alone(raw(op="GET_ROWS", case="GET_ROWS(x)"), "Vulkan0"))]
+    s = dict(verdicts.summarize(recs), seconds=1.0, out="d", unsupported=1)
+    line = conformance.summary_line("vulkan", s)
+    assert "2 cases, 2 agree" in line and "1 the backend cannot run (1 of them judged on ggml-cpu alone" in line

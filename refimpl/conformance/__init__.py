@@ -484,7 +484,7 @@ def summary_line(backend: str, s: dict) -> str:
     parts = [f"{v[k]} {k}" for k in VERDICTS if v[k] or k == "agree"]
     alone = s.get("cpu_alone", 0)
     return (f"{backend}: {s['cases']} cases, {', '.join(parts)}; {s['first_time']} checked for the first time "
-            f"(ggml-cpu cannot run them); {s.get('unsupported', 0) + alone} the backend cannot run"
+            f"(ggml-cpu cannot run them); {s.get('unsupported', 0)} the backend cannot run"
             + (f" ({alone} of them judged on ggml-cpu alone, {s.get('cpu_alone_wrong', 0)} not agreeing)" if alone
                else "") + f"; {s['seconds']:.0f} s; {s['out']}/report.md")
 
