@@ -159,7 +159,8 @@ def test_case_timeout_flag_is_checked(capsys):
 FAKE_TBO = r'''#!PYTHON
 """A stand-in for test-backend-ops: `support` lists N cases of ADD; `test` judges its selection in order (one
 line each into GGML_JUDGE_OUT) and dies with SIGSEGV on the case named by CRASH_ON; the cases named by REFUSE
-it lists as supported but refuses when it runs them, as ggml-vulkan does with CONV_1D_DW's bf16 kernels."""
+it lists as supported but refuses when it runs them, as ggml-vulkan does with CONV_1D_DW's bf16 kernels (on any
+device but CPU, which runs them)."""
 import os, signal, sys
 N = int(os.environ["FAKE_N"])
 cases = [f"ADD(type=f32,ne=[{i},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding={'x' * 40})"
@@ -174,13 +175,14 @@ if args[0] == "support":
 todo = cases if sel == "ADD" else [c if c.endswith(")") else c + ")" for c in sel.split("),")]
 with open(os.environ["GGML_JUDGE_OUT"], "a") as f:
     for c in todo:
-        if c in os.environ.get("REFUSE", "").split(";"):
+        if c in os.environ.get("REFUSE", "").split(";") and args[args.index("-b") + 1] != "CPU":
             print(f"  {c}: not supported [Vulkan0] ", flush=True)
             continue
         if c == os.environ.get("CRASH_ON"):
             f.flush()
             os.kill(os.getpid(), signal.SIGSEGV)
-        f.write('{"op": "ADD", "case": "%s"}\n' % c)
+        f.write('{"op": "ADD", "case": "%s", "backend": "%s", "budget": 1e-7, "cpu_supported": true, '
+                '"err_backend": 0, "err_cpu": 0, "err_backend_cpu": 0}\n' % (c, args[args.index("-b") + 1]))
         f.flush()
 '''
 
@@ -240,10 +242,33 @@ def test_a_run_split_over_several_processes_judges_every_case_once_in_order(tmp_
     assert sorted(p.name for p in tmp_path.glob("raw*.jsonl")) == ["raw-1.jsonl", "raw-2.jsonl", "raw-3.jsonl"]
 
 
-def test_the_summary_line_counts_each_case_the_backend_cannot_run_once():
-    """The cases the backend cannot run are counted once, those of them judged on ggml-cpu alone among them
-    (the line said 8 for 4 such cases, 4 of them judged alone)."""
-    recs = [judge(raw(op="GET_ROWS")), judge(conformance._cpu_alone(raw(op="GET_ROWS", case="GET_ROWS(x)"), "Vulkan0"))]
-    s = dict(verdicts.summarize(recs), seconds=1.0, out="d", unsupported=1)
-    line = conformance.summary_line("vulkan", s)
-    assert "2 cases, 2 agree" in line and "1 the backend cannot run (1 of them judged on ggml-cpu alone" in line
+def test_the_summary_line_counts_each_case_the_backend_cannot_run_once(tmp_path, monkeypatch):
+    """A case the backend cannot run is counted once: judged on ggml-cpu alone (a record), or left unjudged
+    (`unsupported`: the cases the second pass could not run either). With --jobs 2 the second pass's
+    leftovers were dropped and the first pass's list returned, so a Vulkan run with 4 such cases, all judged
+    on ggml-cpu alone, said 8."""
+    class NoServer:
+        def __init__(self, numerics, log):
+            self.endpoint = f"127.0.0.1:{numerics}"
+
+        def stop(self):
+            pass
+    monkeypatch.setattr(conformance, "_Server", NoServer)
+    bindir = _fake_bin(tmp_path)
+    case = "ADD(type=f32,ne=[{},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding=" + "x" * 40 + ")"
+    refused = [case.format(3), case.format(5)]
+    monkeypatch.setattr(conformance, "_case_list", lambda *a: [(case.format(i), case.format(i) not in refused)
+                                                                for i in range(8)])
+    monkeypatch.setenv("FAKE_N", "8")
+    be = conformance.BACKENDS["vulkan"]
+    for jobs in (1, 2):
+        monkeypatch.setenv("REFUSE", ";".join(refused))        # the backend refuses them, ggml-cpu runs them
+        records, left = conformance._judge_passes(bindir, be, "ADD", None, dict(os.environ), tmp_path,
+                                                  lambda m: None, 0.0, 60.0, False, True, jobs)
+        alone = [r["case"] for r in records if r.get("backend_supported") is False]
+        assert left == [] and len(records) == 8 and sorted(alone) == sorted(refused), (jobs, left, len(records))
+    s = dict(verdicts.summarize([judge(raw(op="ADD")), judge(conformance._cpu_alone(raw(op="ADD", case="ADD(x)"),
+                                                                                     "Vulkan0"))]),
+             seconds=1.0, out="d", unsupported=0)
+    assert "0 checked for the first time (ggml-cpu cannot run them); 1 the backend cannot run (1 of them judged" \
+        in conformance.summary_line("vulkan", s)

@@ -313,10 +313,11 @@ def _selection(ops: str | None, params: str | None, cases_file) -> str | None:
 
 def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress, t0: float, case_timeout: float,
                   second_reference: bool, cpu_alone: bool, jobs: int = 1) -> tuple[list, list]:
-    """(records, the cases the backend cannot run): test-backend-ops' pass on the backend against refimpl's
-    servers (exact; ggml numerics as the second reference), then, where asked, the cases the backend cannot
-    run on ggml-cpu alone. With jobs > 1 each pass's cases are dealt round-robin to `jobs` test-backend-ops
-    processes, each with servers of its own, run at once; the records come back in test-backend-ops' order."""
+    """(records, the cases left unjudged: the backend cannot run them, nor ggml-cpu where the second pass ran):
+    test-backend-ops' pass on the backend against refimpl's servers (exact; ggml numerics as the second
+    reference), then, where asked, the cases the backend cannot run on ggml-cpu alone. With jobs > 1 each
+    pass's cases are dealt round-robin to `jobs` test-backend-ops processes, each with servers of its own, run
+    at once; the records come back in test-backend-ops' order."""
     progress(f"conformance: {be.device} against refimpl (exact) and ggml-cpu"
              + ("; refimpl ggml numerics where they disagree" if second_reference else "")
              + (f"; {jobs} test-backend-ops processes, each with its own refimpl servers" if jobs > 1 else ""))
@@ -336,12 +337,13 @@ def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress,
     if cpu_alone and be.device != "CPU" and unsupported:
         # what the backend cannot run, ggml-cpu (its reference mode, as test-backend-ops uses it) judged alone
         progress(f"conformance: the {len(unsupported)} cases {be.device} cannot run, on ggml-cpu alone")
+        # what is left unjudged: the cases ggml-cpu cannot run either
         if jobs == 1:
-            raws, crashes, _ = _servers_pass(bindir, "CPU", env, out, "-cpu-alone", progress, t0, case_timeout,
-                                             second_reference, ops=",".join(unsupported))
+            raws, crashes, unsupported = _servers_pass(bindir, "CPU", env, out, "-cpu-alone", progress, t0,
+                                                       case_timeout, second_reference, ops=",".join(unsupported))
         else:
-            raws, crashes, _ = _split_pass(bindir, "CPU", list(unsupported), env, out, "-cpu-alone", progress, t0,
-                                           case_timeout, second_reference, jobs)
+            raws, crashes, unsupported = _split_pass(bindir, "CPU", list(unsupported), env, out, "-cpu-alone",
+                                                     progress, t0, case_timeout, second_reference, jobs)
         records += [judge(_cpu_alone(r, be.device)) for r in raws] + crashes
     return records, unsupported
 
@@ -484,7 +486,7 @@ def summary_line(backend: str, s: dict) -> str:
     parts = [f"{v[k]} {k}" for k in VERDICTS if v[k] or k == "agree"]
     alone = s.get("cpu_alone", 0)
     return (f"{backend}: {s['cases']} cases, {', '.join(parts)}; {s['first_time']} checked for the first time "
-            f"(ggml-cpu cannot run them); {s.get('unsupported', 0)} the backend cannot run"
+            f"(ggml-cpu cannot run them); {s.get('unsupported', 0) + alone} the backend cannot run"
             + (f" ({alone} of them judged on ggml-cpu alone, {s.get('cpu_alone_wrong', 0)} not agreeing)" if alone
                else "") + f"; {s['seconds']:.0f} s; {s['out']}/report.md")
 
