@@ -187,6 +187,16 @@ with open(os.environ["GGML_JUDGE_OUT"], "a") as f:
 '''
 
 
+class _NoServer:
+    """In place of refimpl's servers: the stand-in test-backend-ops computes nothing on them."""
+
+    def __init__(self, numerics, log):
+        self.endpoint = f"127.0.0.1:{numerics}"
+
+    def stop(self):
+        pass
+
+
 def _fake_bin(tmp_path):
     """A build directory whose test-backend-ops is FAKE_TBO."""
     import stat
@@ -222,13 +232,7 @@ def test_a_run_split_over_several_processes_judges_every_case_once_in_order(tmp_
     """--jobs N: the cases are dealt round-robin to N test-backend-ops processes run at once, each with servers
     of its own; the records come back once each, in test-backend-ops' order, with the crash in one share and
     the cases a share refuses as with one process."""
-    class NoServer:                       # the stand-in test-backend-ops computes nothing on a server
-        def __init__(self, numerics, log):
-            self.endpoint = f"127.0.0.1:{numerics}"
-
-        def stop(self):
-            pass
-    monkeypatch.setattr(conformance, "_Server", NoServer)
+    monkeypatch.setattr(conformance, "_Server", _NoServer)
     bindir = _fake_bin(tmp_path)
     n = 300
     case = "ADD(type=f32,ne=[{},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding=" + "x" * 40 + ")"
@@ -247,13 +251,7 @@ def test_the_summary_line_counts_each_case_the_backend_cannot_run_once(tmp_path,
     (`unsupported`: the cases the second pass could not run either). With --jobs 2 the second pass's
     leftovers were dropped and the first pass's list returned, so a Vulkan run with 4 such cases, all judged
     on ggml-cpu alone, said 8."""
-    class NoServer:
-        def __init__(self, numerics, log):
-            self.endpoint = f"127.0.0.1:{numerics}"
-
-        def stop(self):
-            pass
-    monkeypatch.setattr(conformance, "_Server", NoServer)
+    monkeypatch.setattr(conformance, "_Server", _NoServer)
     bindir = _fake_bin(tmp_path)
     case = "ADD(type=f32,ne=[{},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding=" + "x" * 40 + ")"
     refused = [case.format(3), case.format(5)]
