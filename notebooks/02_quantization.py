@@ -252,6 +252,12 @@ for t in ("q8_0", "q5_0", "q4_0"):
     print(f"{t:13} {refimpl.traits(t).bits_per_weight:6.3g} {kl:10.2e} {same:10.0%} {np.abs(lg - logits).max():12.3f}")
 
 # %% [markdown]
+# Storing the embedding as Q5_0 or Q4_0 instead of Q8_0 moves single logits by several units and changes
+# the most likely next token at a fifth of these 30 positions: at 4-5 bits the tied output matrix is the
+# weakest link of the model. llama.cpp's quantizer makes the same choice by default and keeps
+# `token_embd` / `output` at a higher type than the layers.
+
+# %% [markdown]
 # ## Try this
 #
 # In the Q4_0 cell, negate `x` (`x = -np.asarray(emb[1000])[:32]`) and run it again: the element of largest
@@ -260,11 +266,6 @@ for t in ("q8_0", "q5_0", "q4_0"):
 # `m` to `m + 15 d`. Which of the two errs less on these 32 values?
 
 # %% [markdown]
-# Storing the embedding as Q5_0 or Q4_0 instead of Q8_0 moves single logits by several units and changes
-# the most likely next token at a fifth of these 30 positions: at 4-5 bits the tied output matrix is the
-# weakest link of the model. llama.cpp's quantizer makes the same choice by default and keeps
-# `token_embd` / `output` at a higher type than the layers.
-#
 # ## Exercises
 #
 # **1. Decode Q8_0.** Write `my_dequantize_q8_0(raw)` for raw bytes of NumPy shape `(n_blocks, 34)`, returning

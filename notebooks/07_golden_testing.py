@@ -217,6 +217,11 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# Where the top-1 differs, llama.cpp's own margin between its first two candidates is smaller than the
+# difference between the two engines: the choice is a near tie, decided by roundings. This is what the test
+# suite asserts (`tests/models/test_llama_smollm2.py`).
+
+# %% [markdown]
 # ## Try this
 #
 # In the exact-and-faithful cell, quantize `W` as `"q8_0"` instead of `"q4_1"`: ggml-cpu then rounds the
@@ -224,10 +229,6 @@ plt.show()
 # grow? Then in the whole-model cell, set `i = 1` to check another of llama.cpp's prompts against its logits.
 
 # %% [markdown]
-# Where the top-1 differs, llama.cpp's own margin between its first two candidates is smaller than the
-# difference between the two engines: the choice is a near tie, decided by roundings. This is what the test
-# suite asserts (`tests/models/test_llama_smollm2.py`).
-#
 # ## Exercises
 #
 # **1. NMSE.** Write `my_nmse(actual, expected)`: ggml's normalised mean squared error, `Σ(a-b)² / Σb²` in float64.

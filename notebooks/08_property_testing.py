@@ -204,13 +204,6 @@ test_my_quantize_q8_0()
 print("300 drawn tensors of adversarial Q8_0 blocks: identical bytes")
 
 # %% [markdown]
-# ## Try this
-#
-# Plant a bug of your own: make `buggy_mul_mat` drop the last product of every dot
-# (`my_mul_mat(a[..., :-1], b[..., :-1])`) and run the property test again. How small is the example
-# hypothesis shrinks it to, and why can no smaller one fail?
-
-# %% [markdown]
 # (Rounding ties are the classic trap here: `np.rint` rounds half to even where C's `roundf` rounds away
 # from zero. Exact ties of `x/d` are rare in drawn data, though; `block_rows(..., kinds=("ties",))` and named
 # cases with hand-made ties are how refimpl's own tests make sure they are reached.)
@@ -225,7 +218,15 @@ print("300 drawn tensors of adversarial Q8_0 blocks: identical bytes")
 # def test_my_rms_norm(case):
 #     assert_nmse(my_rms_norm(*case.args), case.run(), 1e-7)
 # ```
+
+# %% [markdown]
+# ## Try this
 #
+# Plant a bug of your own: make `buggy_mul_mat` drop the last product of every dot
+# (`my_mul_mat(a[..., :-1], b[..., :-1])`) and run the property test again. How small is the example
+# hypothesis shrinks it to, and why can no smaller one fail?
+
+# %% [markdown]
 # ## Exercises
 #
 # **1. Fix the bug.** Write `fixed_mul_mat(a, b)` for 4-D float32 operands `a` `(a3, a2, n, k)`, `b` `(b3, b2, m, k)`
