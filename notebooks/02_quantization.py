@@ -152,6 +152,34 @@ plt.show()
 # first 512 of each 576-value embedding row. The error measure is ggml's NMSE, `Σ(x̂ - x)² / Σx²`.
 # (The IQ types with grid searches, IQ3_S, IQ2_S and friends, also quantize bit-exactly in refimpl, but
 # their searches take seconds per megabyte in NumPy, so they are left out here.)
+#
+# The types below, one line each (bits per weight in brackets; `q` the stored integer, `d`, `m` f16 scales):
+#
+# | type | block | value |
+# |---|---|---|
+# | Q8_0 (8.5) | 32 values: `d`, 32 int8 | `d * q` |
+# | Q6_K (6.56) | 256: 16 groups of 16 with int8 scales, 6-bit `q`, one f16 `d` | `d * scale * (q - 32)` |
+# | Q5_1 (6.0) | 32: `d`, `m`, 5-bit `q` | `d * q + m` |
+# | Q5_K (5.5) | 256: 8 groups of 32 with 6-bit scales and mins, 5-bit `q` | `d * sc * q - dmin * mn` |
+# | Q5_0 (5.5) | 32: `d`, 5-bit `q` | `d * (q - 16)` |
+# | Q4_1 (5.0) | 32: `d`, `m`, 4-bit `q` | `d * q + m` |
+# | Q4_K (4.5) | 256: 8 groups of 32 with 6-bit scales and mins, 4-bit `q` (taken apart above) | `d * sc * q - dmin * mn` |
+# | IQ4_NL (4.5) | 32: `d`, 4-bit indices into a fixed table of 16 non-uniform levels | `d * table[q]` |
+# | Q4_0 (4.5) | 32: `d`, 4-bit `q` (taken apart above) | `d * (q - 8)` |
+# | IQ4_XS (4.25) | 256: IQ4_NL's table, 8 groups of 32 with 6-bit scales | `d * (scale - 32) * table[q]` |
+# | MXFP4 (4.25) | 32: one power-of-two scale byte `e` (E8M0), 4-bit floats (E2M1: 0, ±0.5, ±1, ... ±6) | `fp4[q] * 2^(e - 127)` |
+# | Q3_K (3.44) | 256: 16 groups of 16 with 6-bit scales, 3-bit `q` | `d * (scale - 32) * (q - 4)` |
+# | Q2_K (2.63) | 256: 16 groups of 16 with 4-bit scales and mins, 2-bit `q` | `d * sc * q - dmin * mn` |
+# | TQ2_0 (2.06) | 256: `d`, 2-bit ternary `q` | `d * (q - 1)`, so -d, 0 or d |
+# | Q1_0 (1.13) | 128: `d`, one bit each | `+d` or `-d` |
+#
+# Q*_K are the "K-quants": a super-block of 256 shares one f16 scale, and each group of 16 or 32 gets a small
+# integer scale (and min) of its own, so the group's range is followed closely for a few bits. A *mix* such as
+# Q4_K_M or Q4_K_S is not a type but a recipe: llama.cpp's quantizer (src/llama-quant.cpp) gives most tensors
+# Q4_K and some a higher type -- for `_M` the attention's V and the FFN's down projection in about half of
+# the layers at Q6_K, for `_S` only the first four layers' V and the first eighth's down projections, at Q5_K. The
+# *importance matrix* (llama-imatrix) weighs each column's rounding error by how large that input is on real
+# text, so the quantizer spends its precision where the activations are.
 
 # %%
 W_smol = np.asarray(emb[:2048])[:, :512]
