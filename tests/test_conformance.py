@@ -160,7 +160,7 @@ FAKE_TBO = r'''#!PYTHON
 """A stand-in for test-backend-ops: `support` lists N cases of ADD; `test` judges its selection in order (one
 line each into GGML_JUDGE_OUT) and dies with SIGSEGV on the case named by CRASH_ON; the cases named by REFUSE
 it lists as supported but refuses when it runs them, as ggml-vulkan does with CONV_1D_DW's bf16 kernels (on any
-device but CPU, which runs them)."""
+device but CPU, which runs them; REFUSE=* refuses every case)."""
 import os, signal, sys
 N = int(os.environ["FAKE_N"])
 cases = [f"ADD(type=f32,ne=[{i},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding={'x' * 40})"
@@ -175,7 +175,8 @@ if args[0] == "support":
 todo = cases if sel == "ADD" else [c if c.endswith(")") else c + ")" for c in sel.split("),")]
 with open(os.environ["GGML_JUDGE_OUT"], "a") as f:
     for c in todo:
-        if c in os.environ.get("REFUSE", "").split(";") and args[args.index("-b") + 1] != "CPU":
+        refused = os.environ.get("REFUSE", "")
+        if (refused == "*" or c in refused.split(";")) and args[args.index("-b") + 1] != "CPU":
             print(f"  {c}: not supported [Vulkan0] ", flush=True)
             continue
         if c == os.environ.get("CRASH_ON"):
@@ -270,3 +271,17 @@ def test_the_summary_line_counts_each_case_the_backend_cannot_run_once(tmp_path,
              seconds=1.0, out="d", unsupported=0)
     assert "0 checked for the first time (ggml-cpu cannot run them); 1 the backend cannot run (1 of them judged" \
         in conformance.summary_line("vulkan", s)
+
+
+def test_a_thousand_cases_the_backend_refuses_go_to_ggml_cpu_in_batches(tmp_path, monkeypatch):
+    """The second pass names the cases the backend cannot run one by one; 1,200 of them (as many as ggml-vulkan
+    refuses of CONV_2D) are ~160 KB, over Linux's 128 KiB for one argument, so they go in -o batches as the
+    cases after a crash do, with one process as with several."""
+    monkeypatch.setattr(conformance, "_Server", _NoServer)
+    bindir = _fake_bin(tmp_path)
+    n = 1200
+    monkeypatch.setenv("FAKE_N", str(n))
+    monkeypatch.setenv("REFUSE", "*")
+    records, left = conformance._judge_passes(bindir, conformance.BACKENDS["vulkan"], "ADD", None,
+                                              dict(os.environ), tmp_path, lambda m: None, 0.0, 60.0, False, True, 1)
+    assert left == [] and len(records) == n and all(r.get("backend_supported") is False for r in records)

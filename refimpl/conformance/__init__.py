@@ -337,13 +337,10 @@ def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress,
     if cpu_alone and be.device != "CPU" and unsupported:
         # what the backend cannot run, ggml-cpu (its reference mode, as test-backend-ops uses it) judged alone
         progress(f"conformance: the {len(unsupported)} cases {be.device} cannot run, on ggml-cpu alone")
+        # named case by case, in -o batches (a thousand case strings are over Linux's 128 KiB for one argument);
         # what is left unjudged: the cases ggml-cpu cannot run either
-        if jobs == 1:
-            raws, crashes, unsupported = _servers_pass(bindir, "CPU", env, out, "-cpu-alone", progress, t0,
-                                                       case_timeout, second_reference, ops=",".join(unsupported))
-        else:
-            raws, crashes, unsupported = _split_pass(bindir, "CPU", list(unsupported), env, out, "-cpu-alone",
-                                                     progress, t0, case_timeout, second_reference, jobs)
+        raws, crashes, unsupported = _split_pass(bindir, "CPU", list(unsupported), env, out, "-cpu-alone",
+                                                 progress, t0, case_timeout, second_reference, jobs)
         records += [judge(_cpu_alone(r, be.device)) for r in raws] + crashes
     return records, unsupported
 
@@ -370,7 +367,8 @@ def _servers_pass(bindir: Path, device: str, env: dict, out: Path, tag: str, pro
 def _split_pass(bindir: Path, device: str, todo: list[str], env: dict, out: Path, tag: str, progress, t0: float,
                 case_timeout: float, second_reference: bool, jobs: int):
     """`_servers_pass` over `todo` dealt round-robin (neighbouring cases of one op are alike in cost) to `jobs`
-    shares run at once in threads; the results merged back into `todo`'s order."""
+    shares run at once in threads; the results merged back into `todo`'s order. One job: `tag` and the
+    progress lines as they are."""
     import threading
     shares = [todo[i::jobs] for i in range(jobs)]
     results: list = [None] * jobs
@@ -380,10 +378,10 @@ def _split_pass(bindir: Path, device: str, todo: list[str], env: dict, out: Path
     def one(i: int) -> None:
         def say(m: str) -> None:
             with lock:
-                progress(m.replace("conformance:", f"conformance [{i + 1}/{jobs}]:", 1))
+                progress(m.replace("conformance:", f"conformance [{i + 1}/{jobs}]:", 1) if jobs > 1 else m)
         try:
-            results[i] = _servers_pass(bindir, device, env, out, f"{tag}-{i + 1}", say, t0, case_timeout,
-                                       second_reference, cases=shares[i])
+            results[i] = _servers_pass(bindir, device, env, out, f"{tag}-{i + 1}" if jobs > 1 else tag, say, t0,
+                                       case_timeout, second_reference, cases=shares[i])
         except BaseException as e:          # noqa: BLE001 -- raised again in the calling thread
             errors.append(e)
 
