@@ -64,6 +64,65 @@ print("max |error| =", np.abs(by_hand - x).max(), "| d/2 =", float(d) / 2,
       "(values above 7d are clamped to nibble 15 and may err by more)")
 
 # %% [markdown]
+# ### Why `d = max / -8`: the 16 levels on a line
+#
+# Four bits give 16 levels, `(nibble - 8) * d` for nibble 0 to 15: eight on one side of zero, seven on the
+# other. ggml's quantizer gives the extra level to the side that needs it: `max` is the value of largest
+# magnitude *with its sign*, and `d = max / -8` puts nibble 0 exactly on it, `(0 - 8) * d = max`. When that
+# value is negative `d` is positive and the levels climb from it; when it is positive `d` is negative and
+# they run the other way (the "Try this" cell at the end flips it). Either way the extreme value is exact
+# and the opposite side ends one step short, at `-7/8 * max`. Each of the 32 values goes to its nearest level:
+
+# %%
+levels = (np.arange(16) - 8) * np.float32(d)               # nibble n decodes to (n - 8) * d
+imax = int(np.argmax(np.abs(x)))
+fig, ax = plt.subplots(figsize=(9, 2.6))
+ax.axhline(0, color="0.7", lw=1)
+ax.scatter(levels, np.zeros(16), marker="|", s=500, color="tab:blue", zorder=3, label="the 16 levels")
+for n, v in enumerate(levels):
+    ax.text(v, -0.42, str(n), ha="center", fontsize=8, color="tab:blue")
+ax.scatter(x, np.full(32, 0.6), marker="v", s=22, color="tab:red", zorder=3, label="the 32 values x")
+for xi, qi in zip(x, by_hand):                             # each value to the level it is stored as
+    ax.plot([xi, qi], [0.55, 0.05], color="tab:red", lw=0.6, alpha=0.6)
+ax.annotate(f"max = x[{imax}] = {x[imax]:.4f}: nibble 0, exact", (x[imax], 0.65), (x[imax], 1.0),
+            ha="left" if x[imax] < 0 else "right", fontsize=8, arrowprops={"arrowstyle": "->"})
+ax.text(0, -0.75, f"d = max / -8 = {float(d):.5f}  (nibbles below the ticks)", ha="center", fontsize=8)
+ax.set_ylim(-0.9, 1.15)
+ax.set_yticks([])
+ax.legend(loc="lower left", fontsize=8, frameon=False)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The same block as bits: 18 bytes left to right, bit 7 at the top. The f16 `d` is sign, exponent and
+# mantissa; then byte `2 + j` holds element `j` in its low nibble and element `j + 16` in its high nibble,
+# so the first 16 elements are the low halves and the next 16 the high halves of the same bytes.
+
+# %%
+bits = (raw[None, :] >> np.arange(7, -1, -1)[:, None]) & 1         # (8, 18): row 0 is bit 7
+fig, ax = plt.subplots(figsize=(9, 3.4))
+colour = np.zeros((8, 18, 3))
+colour[:, :2] = (0.95, 0.65, 0.6)                                   # d
+colour[4:, 2:] = (0.65, 0.8, 0.95)                                  # low nibbles: elements 0..15
+colour[:4, 2:] = (0.35, 0.55, 0.85)                                 # high nibbles: elements 16..31
+ax.imshow(colour, aspect="auto")
+for r in range(8):
+    for c in range(18):
+        ax.text(c, r, bits[r, c], ha="center", va="center", fontsize=8)
+for j in range(16):                                                 # name the element of each nibble
+    ax.text(2 + j, -0.75, f"x{j + 16}", ha="center", fontsize=7)
+    ax.text(2 + j, 7.95, f"x{j}", ha="center", va="top", fontsize=7)
+ax.text(0.5, -0.75, "d (f16)", ha="center", fontsize=7)
+ax.text(0.5, 7.95, "s|exp|mant", ha="center", va="top", fontsize=6)
+ax.set_xticks(range(18), [f"{b:02x}" for b in raw], fontsize=7)
+ax.set_yticks(range(8), [f"bit {b}" for b in range(7, -1, -1)], fontsize=7)
+ax.set_xlabel("the 18 bytes of block_q4_0 (hex); top row: the element in the high nibble, "
+              "bottom row: the one in the low nibble", fontsize=8)
+ax.set_ylim(8.6, -1.4)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## Q8_0: 32 values in 34 bytes
 #
 # An f16 scale and 32 signed bytes: `x = q * d`, `d = max|x| / 127`.
@@ -114,6 +173,47 @@ M = np.float32(dmin) * mn.astype(np.float32)
 by_hand_k = (D[:, None] * qk_vals.astype(np.float32) - M[:, None]).reshape(-1)
 print("d =", dk, "dmin =", dmin, "\nsub-block scales", sc, "\nsub-block mins  ", mn)
 print("decoded by hand == refimpl.dequantize:", np.array_equal(by_hand_k, refimpl.dequantize(qk)))
+
+# %% [markdown]
+# Q4_K's 12 scale bytes pack sixteen 6-bit numbers (a scale `sc_j` and a min `m_j` for each of the 8
+# sub-blocks) into 96 bits. Sub-blocks 0-3 are simple: the low 6 bits of bytes 0-3 (scales) and 4-7
+# (mins). Sub-blocks 4-7 are split: their low 4 bits are the nibbles of bytes 8-11, and their top 2 bits are
+# the 2 bits left over at the top of bytes 0-7. Each bit below is coloured by the sub-block it belongs to
+# (hatched: a min) and labelled with the number and bit it is; reassembling the 16 numbers from this map
+# gives back the scales and mins the code above unpacked.
+
+# %%
+owner = {}                                   # (byte, bit) -> ("sc" or "m", sub-block j, bit of that number)
+for j in range(4):
+    for k in range(6):
+        owner[j, k], owner[j + 4, k] = ("sc", j, k), ("m", j, k)
+for j in range(4, 8):
+    for k in range(4):
+        owner[j + 4, k], owner[j + 4, k + 4] = ("sc", j, k), ("m", j, k)
+    for k in range(2):
+        owner[j - 4, 6 + k], owner[j, 6 + k] = ("sc", j, 4 + k), ("m", j, 4 + k)
+sc_map, mn_map = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
+for (byte, bit), (kind, j, k) in owner.items():
+    target = sc_map if kind == "sc" else mn_map
+    target[j] |= ((s[byte] >> bit) & 1) << k
+print(len(owner), "bits mapped | reassembled == unpacked:",
+      np.array_equal(sc_map, sc) and np.array_equal(mn_map, mn))
+
+fig, ax = plt.subplots(figsize=(9, 3.6))
+cmap = plt.get_cmap("tab10")
+for (byte, bit), (kind, j, k) in owner.items():
+    r = 7 - bit
+    ax.add_patch(plt.Rectangle((byte - 0.5, r - 0.5), 1, 1, facecolor=cmap(j), alpha=0.55,
+                               hatch="///" if kind == "m" else None, edgecolor="white"))
+    ax.text(byte, r, f"{kind}{j}.{k}", ha="center", va="center", fontsize=6.5)
+ax.set_xlim(-0.5, 11.5)
+ax.set_ylim(7.5, -0.5)
+ax.set_xticks(range(12), [f"{i}\n{b:02x}" for i, b in enumerate(s)], fontsize=7)
+ax.set_yticks(range(8), [f"bit {b}" for b in range(7, -1, -1)], fontsize=7)
+ax.set_xlabel("scales[0..11] (byte, hex); 'sc5.4' is bit 4 of sub-block 5's scale, 'm2.0' bit 0 of "
+              "sub-block 2's min", fontsize=8)
+plt.tight_layout()
+plt.show()
 
 # %% [markdown]
 # The three layouts side by side, one cell per byte:
@@ -284,6 +384,119 @@ for t in ("q8_0", "q5_0", "q4_0"):
 # the most likely next token at a fifth of these 30 positions: at 4-5 bits the tied output matrix is the
 # weakest link of the model. llama.cpp's quantizer makes the same choice by default and keeps
 # `token_embd` / `output` at a higher type than the layers.
+
+# %% [markdown]
+# ## What a type costs the model: KL divergence against the unquantized model
+#
+# NMSE is per matrix; what a user feels is the model's next-token distribution. llama.cpp's quantization
+# tables measure it as the **KL divergence** of each position's distribution from the f16 model's
+# (`llama-perplexity --kl-divergence`), with the share of positions whose most likely token stays the same.
+# We do the same on SmolLM2 with its own decoded weights as the base: every layer matrix (the seven of
+# each of the 30 layers) quantized to one type, decoded back, and the same prompt run through the model.
+# SmolLM2's matrices are 576 values wide, which 256-value K-quant blocks cannot tile; llama.cpp's quantizer
+# then falls back (src/llama-quant.cpp: Q6_K to Q8_0, Q4_K to Q5_0, Q2_K to Q4_0), so a "Q4_K" SmolLM2 has
+# only `ffn_down` (1,536 wide) in Q4_K. Those mixes are drawn hollow; bits per weight count the bytes
+# actually stored. The embedding stays Q8_0 throughout. This cell quantizes all 210 matrices 11 times and runs
+# the model 12 times, so it uses refimpl's compiled kernels when numba is installed (same results, faster).
+
+# %%
+import dataclasses
+import importlib.util
+
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+FALLBACK = {"q6_K": "q8_0", "q4_K": "q5_0", "q2_K": "q4_0"}          # llama.cpp's, for rows not a multiple of 256
+
+
+def requantized(model, t):
+    """`model` with every layer matrix quantized to t (or t's fallback where rows are too short), decoded."""
+    nbytes, n = 0, 0
+    layers = []
+    for L in model.layers:
+        new = {}
+        for name in MATRICES:
+            w = getattr(L, name)
+            tt = t if w.shape[-1] % refimpl.traits(t).blck_size == 0 else FALLBACK[t]
+            q = refimpl.quantize(w, tt)
+            new[name], nbytes, n = refimpl.dequantize(q), nbytes + q.data.nbytes, n + w.size
+        layers.append(dataclasses.replace(L, **new))
+    return dataclasses.replace(model, layers=layers), 8 * nbytes / n
+
+
+def log_softmax(z):
+    z = z.astype(np.float64) - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+fast = "numba" if importlib.util.find_spec("numba") else "numpy"
+kl_rows = {}
+with refimpl.backend(fast):
+    base = log_softmax(llama.forward(model, ids, llama.new_cache(model, len(ids))))      # (T, n_vocab)
+    for t in ("q8_0", "q6_K", "q5_1", "q5_0", "q4_1", "q4_K", "iq4_nl", "q4_0", "mxfp4", "q2_K", "q2_0"):
+        m_t, bpw = requantized(model, t)
+        lp = log_softmax(llama.forward(m_t, ids, llama.new_cache(m_t, len(ids))))
+        kl = np.sum(np.exp(base) * (base - lp), axis=-1)                              # one per position
+        kl_rows[t] = (bpw, kl, np.mean(lp.argmax(-1) == base.argmax(-1)))
+        del m_t
+print(f"{'layers as':10} {'bits/w':>6} {'mean KL':>9} {'max KL':>9} {'same top-1':>10}")
+for t, (bpw, kl, same) in kl_rows.items():
+    print(f"{t:10} {bpw:6.3g} {kl.mean():9.2e} {kl.max():9.2e} {same:10.0%}")
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 4.4))
+below = {"q4_K", "iq4_nl", "q5_1"}                   # labels under their point, where points crowd
+for t, (bpw, kl, same) in kl_rows.items():
+    if kl.mean() == 0:                              # q4_1: nothing to draw on a log scale (see the table)
+        continue
+    mix = t in FALLBACK
+    ax.scatter(bpw, kl.mean(), s=40, facecolors="none" if mix else "tab:blue", edgecolors="tab:blue")
+    label = f"{t} (+{FALLBACK[t]})" if mix else t
+    ax.annotate(label, (bpw, kl.mean()), textcoords="offset points", xytext=(5, -11 if t in below else 3),
+                fontsize=8)
+ax.text(0.99, 0.97, "q4_1: KL = 0 (the file's own type: its decoded values re-quantize to the same bytes)",
+        transform=ax.transAxes, ha="right", va="top", fontsize=8)
+ax.set_yscale("log")
+ax.set_xlabel("bits per weight of the layer matrices")
+ax.set_ylabel("mean KL divergence (nats, log)")
+ax.set_title("SmolLM2-135M: next-token KL against its own decoded weights", fontsize=10)
+ax.grid(alpha=0.3)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Three things to read in the plot and the table:
+#
+# * **Q4_1 costs nothing** here: the layers already are Q4_1, and their decoded values quantize to Q4_1 again
+#   as the very same bytes (checked below on one matrix; the KL of exactly 0 says the same of all 210).
+# * **Q5_1 does worse than Q5_0** with more bits and a matrix error (NMSE) about as small. Re-quantizing a
+#   Q4_1 block to Q5_1 lays its 16 levels onto 32 new ones spaced exactly 15/31 of the old step, starting at
+#   the same minimum, so in *every* block a given stored nibble errs the same way: a systematic distortion
+#   that adds up through 30 layers. Q5_0's grid is centred on zero, so it sits at a different offset in
+#   every block and its errors average out. This is an artefact of quantizing what was quantized already,
+#   and the reason llama.cpp quantizes from the f16 or bf16 model, never from another quantized file.
+# * **Below about 4.5 bits** without an importance matrix the model comes apart: Q2_K (with Q4_0 for the
+#   576-wide matrices) keeps the most likely token at a fifth of the positions, Q2_0 at almost none.
+
+# %%
+w41 = gguf.tensors["blk.0.attn_q.weight"]
+W = refimpl.dequantize(w41)
+print("blk.0.attn_q decoded, quantized to q4_1 again == the stored bytes:", refimpl.quantize(W, "q4_1") == w41)
+raw41 = w41.data.reshape(-1, 20)                     # block_q4_1: d f16 | m f16 | 16 bytes of nibbles
+nib = np.concatenate([raw41[:, 4:] & 0x0F, raw41[:, 4:] >> 4], axis=1).reshape(W.shape)
+step = np.repeat(raw41[:, 0:2].copy().view(np.float16).astype(np.float32), 32).reshape(W.shape)
+fig, ax = plt.subplots(figsize=(8, 3.2))
+for t in ("q5_1", "q5_0"):
+    W_t = refimpl.dequantize(refimpl.quantize(W, t))
+    rel = (W_t - W) / np.where(step == 0, 1, step)   # error in units of the block's Q4_1 step
+    ax.plot(range(16), [rel[nib == k].mean() for k in range(16)], marker="o",
+            label=f"{t}: NMSE {nmse(W_t, W):.2e}")
+ax.axhline(0, color="0.6", lw=1)
+ax.set_xticks(range(16))
+ax.set_xlabel("the nibble a value was stored with in the Q4_1 file")
+ax.set_ylabel("mean error / Q4_1 step")
+ax.set_title("blk.0.attn_q re-quantized: Q5_1's error is the same in every block", fontsize=10)
+ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
 
 # %% [markdown]
 # ## Try this
