@@ -53,6 +53,117 @@ for name in ("token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", 
     print(f"{name:24} {kind!s:8} numpy {tuple(t.shape)!s:14} ggml ne {list(t.shape[::-1])}")
 
 # %% [markdown]
+# ## The file, byte by byte
+#
+# A GGUF file is four sections: a 24-byte **header** (magic `GGUF`, version, tensor count, key-value count),
+# the **key-values** (each a length-prefixed key, a value type, a value), the **tensor infos** (name,
+# dimensions, `ne`, type, offset into the data), then **padding** to `general.alignment` (32 unless the file
+# says otherwise) and the **data**, every tensor at an aligned offset. Everything is little-endian; strings are
+# a `uint64` length and the bytes, no terminator. `refimpl.gguf.load` parses this; here a few lines walk
+# it by hand, note where each field lies, and check the walk against the loader.
+
+# %%
+import struct
+
+SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+TYPE_NAMES = {0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32", 5: "INT32", 6: "FLOAT32",
+              7: "BOOL", 8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64"}
+
+
+class Cursor:
+    """Reads GGUF fields from `buf` in order; `notes` gets (offset, size, field, value) for named fields."""
+
+    def __init__(self, buf):
+        self.buf, self.pos, self.notes = buf, 0, []
+
+    def read(self, fmt, field=None):
+        (v,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        return self._advance(struct.calcsize("<" + fmt), field, v)
+
+    def string(self, field=None):
+        n = self.read("Q", field and field + " length")
+        return self._advance(n, field, bytes(self.buf[self.pos:self.pos + n]).decode("utf-8"))
+
+    def value(self, vt, field=None):
+        if vt == 8:
+            return self.string(field)
+        if vt == 9:                                       # array: element type, count, elements
+            et, count = self.read("I", field and field + " elem type"), self.read("Q", field and field + " count")
+            return [self.value(et) for _ in range(count)]
+        return self.read(SCALAR[vt], field)
+
+    def _advance(self, n, field, v):
+        if field:
+            self.notes.append((self.pos, n, field, v))
+        self.pos += n
+        return v
+
+
+c = Cursor(f.data)                                        # f.data: the whole file, memory-mapped
+magic, version = c.read("4s", "magic"), c.read("I", "version")
+n_tensors, n_kv = c.read("Q", "n_tensors"), c.read("Q", "n_kv")
+kv_start, kv_size = c.pos, {}
+for i in range(n_kv):                                     # label the first key-value's fields only
+    at = c.pos
+    key = c.string("key" if i == 0 else None)
+    vt = c.read("I", "value type" if i == 0 else None)
+    c.value(vt, "value" if i == 0 else None)
+    kv_size[key] = c.pos - at
+infos_start = c.pos
+for i in range(n_tensors):                                # and the first tensor info's
+    first = i == 0
+    c.string("tensor name" if first else None)
+    n_dims = c.read("I", "n_dims" if first else None)
+    ne = [c.read("Q", f"ne[{k}]" if first else None) for k in range(n_dims)]
+    c.read("I", "ggml type" if first else None)
+    c.read("Q", "data offset" if first else None)
+infos_end = c.pos
+data_start = -(-infos_end // f.alignment) * f.alignment  # rounded up to the alignment
+print("magic", magic, "| version", version, "|", n_tensors, "tensors |", n_kv, "key-values")
+print(f"walked by hand: data at {data_start:,}; refimpl.gguf.load: data at {f.data_offset:,}; same counts:",
+      (n_kv, n_tensors) == (len(f.metadata), len(f.tensors)))
+for off, n, field, v in c.notes:
+    shown = bytes(f.data[off:off + min(n, 10)]).hex(" ") + (" .." if n > 10 else "")
+    if field in ("value type", "value elem type"):
+        v = f"{v} ({TYPE_NAMES[v]})"
+    elif field == "ggml type":
+        v = f"{v} ({refimpl.GGMLType(v).name})"
+    else:
+        v = repr(v)
+    print(f"{off:#08x}  {shown:<33} {field:<19} {v}")
+
+# %% [markdown]
+# The whole file to scale is almost all data; the metadata is mostly the tokenizer (its 49,152 tokens and
+# 48,900 merges are key-values too). Below it, the first sections drawn one box each, not to scale, with their
+# real offsets and sizes:
+
+# %%
+size = f.path.stat().st_size
+sections = [("header", 0, kv_start), ("key-values", kv_start, infos_start),
+            ("tensor infos", infos_start, infos_end), ("padding", infos_end, data_start), ("data", data_start, size)]
+colors = ["tab:red", "tab:orange", "tab:purple", "0.7", "tab:blue"]
+fig, axs = plt.subplots(2, 1, figsize=(9, 3.4), gridspec_kw={"height_ratios": [1, 1.6]})
+for (name, a, b), col in zip(sections, colors):
+    axs[0].barh(0, b - a, left=a, color=col)
+axs[0].set_xlim(0, size)
+axs[0].set_yticks([])
+axs[0].set_title(f"{f.path.name}: {size:,} bytes to scale (the data is {(size - data_start) / size:.1%})",
+                 fontsize=9)
+axs[0].xaxis.set_major_formatter(lambda v, _: f"{v / 2**20:.0f} MiB")
+for i, ((name, a, b), col) in enumerate(zip(sections, colors)):
+    axs[1].barh(0, 0.96, left=i, color=col)
+    axs[1].text(i + 0.48, 0.12, name, ha="center", va="center", color="white", fontsize=9, weight="bold")
+    axs[1].text(i + 0.48, -0.2, f"at {a:,}\n{b - a:,} B", ha="center", va="center", color="white", fontsize=8)
+axs[1].set_xlim(0, len(sections))
+axs[1].axis("off")
+plt.tight_layout()
+plt.show()
+top = sorted(kv_size.items(), key=lambda kv: -kv[1])[:3]
+print("largest key-values:", ", ".join(f"{k} {n:,} B" for k, n in top), f"of {infos_start - kv_start:,}")
+print(f"padding: {data_start - infos_end} bytes (the tensor infos end at {infos_end:,}, "
+      f"{'already' if infos_end % f.alignment == 0 else 'not'} a multiple of {f.alignment})")
+
+# %% [markdown]
 # ## Tokens
 #
 # The tokenizer is built from the GGUF's own vocabulary and merges (a byte-level BPE here), and encodes as
