@@ -23,7 +23,9 @@
 # with random weights, drawn in the value ranges trained models use (decays spread over the range trained
 # models have, norm gains around 1, `1/sqrt(fan_in)` matrices). Its outputs are meaningless as text, but every
 # mechanism below (the state, the WKV recurrence, sequence vs token mode) is exactly the one a real
-# checkpoint runs through; `rwkv.load(path)` reads real `.pth`, `.safetensors` and GGUF files.
+# checkpoint runs through; `rwkv.load(path)` reads real `.pth`, `.safetensors` and GGUF files. The last
+# section runs a tiny *trained* model from rwkv.cpp's tests, when its files are present, to show what the
+# state remembers.
 
 # %%
 import os
@@ -215,6 +217,74 @@ ax.plot([np.sqrt(np.mean(cap[f"l_out-{il}"] ** 2)) for il in range(n_layer)], ma
 ax.set_xlabel("layer")
 ax.set_ylabel("RMS of the residual stream")
 plt.show()
+
+# %% [markdown]
+# ## A model that has learned something
+#
+# Random weights show the mechanism, not what it is for. rwkv.cpp's tests carry tiny *trained* models:
+# `tiny-rwkv-5v2-730K` is an RWKV-5.2 of 12 layers, 64 wide, 8 heads of 8, over bytes (a 256-token
+# vocabulary), trained on instruction data in JSON. refimpl keeps none of rwkv.cpp's files; these cells read
+# it from `../../shared/rwkv_cpp/` beside the repository or `$REFIMPL_RWKV_CPP_TESTS` (rwkv.cpp's `tests/`
+# folder), and say so when it is absent. With it, the model writes JSON-shaped English: its state carries
+# what it has read.
+
+# %%
+from pathlib import Path
+
+from refimpl.sampling import Sampler
+
+TINY = Path(os.environ.get("REFIMPL_RWKV_CPP_TESTS") or "../../shared/rwkv_cpp") / "tiny-rwkv-5v2-730K-FP16.bin"
+tiny = rwkv.load(TINY) if TINY.is_file() else None
+if tiny is None:
+    print(f"{TINY} is absent: copy rwkv.cpp's tests/ folder there (or set REFIMPL_RWKV_CPP_TESTS) to run "
+          "this section. With it, the model continues '{\"instruction\": \"' with a JSON record of English words.")
+else:
+    print(tiny.hparams)
+    ids = rwkv.generate(tiny, list(b'{"instruction": "'), max_tokens=240, sampler=Sampler(temperature=0.7, seed=1))
+    print('{"instruction": "' + bytes(ids).decode("utf-8", "replace"))
+
+# %% [markdown]
+# **How far back does the state remember?** Feed the model a record and count the bits it needs for each next
+# byte, `-log2 p(byte)`: with the state of everything before it, and with a fresh state given only the last
+# `L` bytes. A model that knew nothing would need 8 bits a byte. If the state kept nothing from further back
+# than `L` bytes, the two would agree. (What it shows, for readers without the model files: 4.4 bits a byte
+# with one byte of context, 2.6 with 4, 2.2 with 8, and with 16 the whole state's 2.1: this tiny model's
+# decays are short, and its memory is about a dozen bytes.)
+
+# %%
+def log_softmax(z):
+    z = z.astype(np.float64) - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+if tiny is not None:
+    text = (b'{"instruction": "Give three tips for staying healthy.", "input": "", '
+            b'"output": "1. Eat a balanced diet and make sure to include plenty of fruits."}')
+    nxt = np.frombuffer(text, np.uint8)[1:]                   # the byte each position predicts
+    full = -log_softmax(rwkv.forward(tiny, list(text), all_logits=True)[0])[np.arange(len(nxt)), nxt] / np.log(2)
+    start, reach = 16, {}                                    # positions with at least 16 bytes before them
+    for L in (1, 2, 4, 8, 16):
+        reach[L] = np.array([-log_softmax(rwkv.forward(tiny, list(text[i - L + 1:i + 1]))[0])[nxt[i]]
+                             for i in range(start, len(nxt))]) / np.log(2)
+    print(f"bits per byte, positions {start}..{len(nxt) - 1}: whole state {full[start:].mean():.2f}; "
+          + ", ".join(f"last {L}: {b.mean():.2f}" for L, b in reach.items()))
+    fig, axs = plt.subplots(2, 1, figsize=(9, 5.6), gridspec_kw={"height_ratios": [1.3, 1]})
+    pos = np.arange(start, len(nxt))
+    axs[0].plot(pos, full[start:], label="whole state", lw=1.2)
+    axs[0].plot(pos, reach[1], label="last byte only", lw=0.8, alpha=0.7)
+    axs[0].set_xticks(pos, [chr(b) for b in nxt[start:]], fontsize=6, family="monospace")
+    axs[0].set_ylabel("bits for this byte")
+    axs[0].legend(fontsize=8, loc="upper right")
+    axs[1].plot(list(reach), [b.mean() for b in reach.values()], marker="o", label="a fresh state, last L bytes")
+    axs[1].axhline(full[start:].mean(), color="tab:green", ls="--", label="the whole state")
+    axs[1].axhline(8, color="0.6", ls=":", label="knowing nothing (8 bits)")
+    axs[1].set_xscale("log", base=2)
+    axs[1].set_xticks(list(reach), [str(L) for L in reach])
+    axs[1].set_xlabel("L, bytes of context")
+    axs[1].set_ylabel("mean bits per byte")
+    axs[1].legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
 
 # %% [markdown]
 # ## Try this
