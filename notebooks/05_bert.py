@@ -59,11 +59,33 @@ print("states", h.shape)
 # `normalize=True`, scales each vector to unit length, so that a dot product is a cosine similarity.
 
 # %%
-for pooling in ("mean", "cls", "last"):
-    e = bert.embed(model, [text], pooling=pooling, normalize=True)
-    print(f"{pooling:5} {e.shape} first values {np.round(e[0, :5], 4)}")
 print("mean pooling by hand equals embed's:",
       np.allclose(bert.normalize(h.mean(axis=0, keepdims=True)), bert.embed(model, [text]), atol=1e-6))
+
+# %% [markdown]
+# What the pooling changes: the cosine similarity of five sentences, two pairs of paraphrases and one
+# unrelated sentence, under each pooling. With `mean` (what MiniLM was trained for) the pairs score about 0.6
+# and unrelated sentences about 0; the `cls` token's state makes every sentence look alike (0.4 to 0.9).
+
+# %%
+pair_texts = ["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell sharply today.",
+              "Shares dropped at the close of trading.", "A cat sleeps on the sofa."]
+fig, axs = plt.subplots(1, 3, figsize=(10, 3.6))
+for ax, pooling in zip(axs, ("mean", "cls", "last")):
+    e = bert.embed(model, pair_texts, pooling=pooling, normalize=True)     # (5, 384), unit rows
+    sim = e @ e.T                                                          # cosines
+    ax.imshow(sim, vmin=-0.2, vmax=1, cmap="viridis")
+    for i in range(5):
+        for j in range(5):
+            ax.text(j, i, f"{sim[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    color="black" if sim[i, j] > 0.6 else "white")
+    ax.set_title(f"pooling={pooling!r}", fontsize=9)
+    ax.set_xticks(range(5), [f"s{i}" for i in range(5)], fontsize=8)
+    ax.set_yticks(range(5), [f"s{i}" for i in range(5)], fontsize=8)
+plt.tight_layout()
+plt.show()
+for i, t in enumerate(pair_texts):
+    print(f"s{i}: {t}")
 
 # %% [markdown]
 # ## A batch and its mask
