@@ -139,12 +139,14 @@ print("a view:", np.shares_memory(q, qp), "| equals q.transpose(1, 0, 2):", np.a
 # ggml graph and reads the result back) gives the same numbers; `ggml_cont` makes ggml copy the view out:
 
 # %%
-if HAVE_GGML:
+def ggml_permute_cont(t):
     g = oracle.lib()
-    out = oracle.run(lambda ctx, t: g.ggml_cont(ctx, g.ggml_permute(ctx, t, 0, 2, 1, 3)), q)
-    print("ggml's result, numpy shape", out.shape, "equal:", np.array_equal(out, qp))
-else:
-    print("ggml-python is not installed: skipping the comparison with real ggml")
+    return oracle.run(lambda ctx, a: g.ggml_cont(ctx, g.ggml_permute(ctx, a, 0, 2, 1, 3)), t)
+
+
+out = oracle.live_or_recorded("01_permute_cont", lambda: ggml_permute_cont(q), q)   # recorded if no ggml-python
+print("ggml's result, numpy shape", out.shape, "ggml ne", list(out.shape[::-1]), "| equal:", np.array_equal(out, qp))
+print("row 0 of head 0, ggml:   ", out[0, 0].round(3), "\nrow 0 of head 0, refimpl:", qp[0, 0].round(3))
 
 # %% [markdown]
 # ## Quantized tensors keep whole rows
@@ -176,15 +178,25 @@ rng = np.random.default_rng(2)
 W = rng.standard_normal((16, 32)).astype(np.float32)            # (n_out, n_in)
 X = rng.standard_normal((5, 32)).astype(np.float32)             # (n_tokens, n_in)
 Y = refimpl.mul_mat(W, X)
-print("out numpy", Y.shape, "| max |out - X @ W.T| =", np.abs(Y - X @ W.T).max())
+for name, arr in (("a = W", W), ("b = X", X), ("out", Y)):
+    print(f"{name:6} numpy {arr.shape!s:9} ggml ne {list(arr.shape[::-1])}")
+i, j = 2, 7                                                     # token 2, output feature 7
+terms = X[i].astype(np.float64) * W[j]
+print(f"out[{i}, {j}] = row {i} of b . row {j} of a = " + " + ".join(f"{t:.3f}" for t in terms[:3])
+      + f" + ... (32 products) = {terms.sum():.6f}; refimpl: {Y[i, j]:.6f}")
+print("max |out - X @ W.T| =", np.abs(Y - X @ W.T).max())
 
 # %% [markdown]
 # refimpl sums every dot product in float64 and rounds once ("exact" numerics), so it agrees with
 # `X @ W.T` to float32 rounding. Quantized weights work the same way, dequantized a tile at a time:
 
 # %%
-print(np.abs(refimpl.mul_mat(w, X[:, :16].repeat(4, axis=1)) -
-             X[:, :16].repeat(4, axis=1) @ np.asarray(w).T).max())
+Xq = X[:, :16].repeat(4, axis=1)                               # 64 features, as w's rows: numpy (5, 64)
+Yq = refimpl.mul_mat(w, Xq)
+print(f"a = w: {w}\nb: numpy {Xq.shape} ggml ne {list(Xq.shape[::-1])} -> out numpy {Yq.shape} ggml ne "
+      f"{list(Yq.shape[::-1])}")
+print("out == b @ dequantize(w).T to f32 rounding:", np.allclose(Yq, Xq @ refimpl.dequantize(w).T, rtol=1e-5,
+      atol=1e-5), "| max |difference|:", np.abs(Yq - Xq @ refimpl.dequantize(w).T).max())
 
 # %% [markdown]
 # ## Broadcasting: repeat, not tile

@@ -37,7 +37,9 @@ GOLDENS = Path(__file__).parent / "data" / "goldens"
 def golden(name: str) -> Path:
     """What another implementation computed on a real model, shipped with refimpl (refimpl/data/goldens/NAME.npz):
     bert_minilm (sentence-transformers' MiniLM embeddings, scripts/gen_bert_goldens.py), llama_logits_smollm2
-    (llama.cpp's SmolLM2 logits, scripts/gen_llama_goldens.py). The notebooks and the tests compare with them."""
+    (llama.cpp's SmolLM2 logits, scripts/gen_llama_goldens.py), ggml_outputs (live ggml's outputs that the notebooks
+    show, for readers without ggml-python: refimpl.testing.ggml.live_or_recorded, scripts/gen_ggml_outputs.py).
+    The notebooks and the tests compare with them."""
     p = GOLDENS / f"{name}.npz"
     if not p.is_file():
         known = ", ".join(sorted(q.stem for q in GOLDENS.glob("*.npz")))

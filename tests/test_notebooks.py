@@ -13,6 +13,7 @@ has not already put them in the cache.
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 import sys
 import time
@@ -25,6 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
 SOURCES = sorted(NB_DIR.glob("[0-9][0-9]_*.py"))
 TIMEOUT = 300          # per cell, seconds: the slowest cell takes well under a minute
+# the notebooks whose ggml cells go through refimpl.testing.ggml.live_or_recorded (scripts/gen_ggml_outputs.py)
+RECORDING_NOTEBOOKS = ("01_ggml_tensors", "07_golden_testing")
 
 
 def _tools():
@@ -90,6 +93,48 @@ def test_ipynb_is_generated_from_source_without_outputs(source):
     dirty = [i for i, c in enumerate(nb.cells)
              if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
     assert not dirty, f"{ipynb.name}: cells {dirty} carry outputs; regenerate it from {source.name}"
+
+
+def _printed(nb) -> str:
+    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", ()))
+
+
+def test_recorded_ggml_outputs_are_what_live_ggml_computes(tmp_path, monkeypatch):
+    """refimpl/data/goldens/ggml_outputs.npz, shown to readers without ggml-python, holds exactly what the live
+    ggml computes in the notebooks now, from the same inputs (else: python scripts/gen_ggml_outputs.py)."""
+    import numpy as np
+
+    from refimpl import fetch
+    from refimpl.testing import ggml as oracle
+    assert oracle.available(), "ggml-python (the test oracle) is not installed: pip install -e '.[test]'"
+    _tools()
+    monkeypatch.setenv(oracle.RECORD_ENV, str(tmp_path / "now.npz"))
+    for name in RECORDING_NOTEBOOKS:
+        execute(NB_DIR / f"{name}.py", _kernel_name())
+    with np.load(tmp_path / "now.npz") as now, np.load(fetch.golden(oracle.RECORDED)) as shipped:
+        assert sorted(now.files) == sorted(shipped.files), "python scripts/gen_ggml_outputs.py"
+        for k in now.files:
+            assert now[k].dtype == shipped[k].dtype and np.array_equal(now[k], shipped[k]), (
+                f"{k}: the recorded output differs from live ggml's: python scripts/gen_ggml_outputs.py")
+
+
+def test_without_ggml_python_the_notebooks_show_the_recorded_outputs(tmp_path, monkeypatch):
+    """With ggml-python hidden (a `ggml` package that fails to import, first on the kernel's path) the notebooks
+    that show ggml's outputs run to the end, say that what they show was recorded, and still compare it."""
+    _tools()
+    fake = tmp_path / "hide" / "ggml"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("ggml-python hidden by tests/test_notebooks.py")\n')
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")])))
+    monkeypatch.delenv("REFIMPL_RECORD_GGML", raising=False)
+    printed = {name: _printed(execute(NB_DIR / f"{name}.py", _kernel_name())[0]) for name in RECORDING_NOTEBOOKS}
+    assert "real ggml available: False" in printed["01_ggml_tensors"]
+    assert "[ggml-python is not installed: 01_permute_cont is what" in printed["01_ggml_tensors"]
+    assert "| equal: True" in printed["01_ggml_tensors"]
+    for name in ("07_soft_max_ext_case3", "07_rms_norm", "07_mul_mat_q4_1"):
+        assert f"[ggml-python is not installed: {name} is what" in printed["07_golden_testing"], name
+    assert "identical bits: True" in printed["07_golden_testing"]
+    assert "numerics='ggml' vs ggml: identical bits: True" in printed["07_golden_testing"]
 
 
 if __name__ == "__main__":

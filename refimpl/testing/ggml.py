@@ -173,6 +173,66 @@ def lib():
     return _libs()[0]
 
 
+RECORDED = "ggml_outputs"       # refimpl.fetch.golden(RECORDED): outputs recorded for live_or_recorded
+RECORD_ENV = "REFIMPL_RECORD_GGML"
+
+
+def live_or_recorded(name: str, compute, *inputs):
+    """ggml's output called `name`, computed from `inputs` (arrays or QTensors): compute() with live ggml when
+    ggml-python is installed; otherwise the output ggml computed from the same inputs when refimpl was
+    released (refimpl.fetch.golden("ggml_outputs"), written by scripts/gen_ggml_outputs.py), after a printed
+    note that says so. What was recorded from other inputs is refused (ValueError), never shown in their place.
+    With $REFIMPL_RECORD_GGML set to a .npz path, every live output is also added to that file."""
+    from ..fetch import golden
+    digest = _digest(inputs)
+    if available():
+        out = compute()
+        if os.environ.get(RECORD_ENV):
+            _record(os.environ[RECORD_ENV], name, digest, out)
+        return out
+    with np.load(golden(RECORDED), allow_pickle=False) as z:
+        if name not in z.files:
+            known = ", ".join(sorted(f for f in z.files if not f.endswith(".inputs")))
+            raise KeyError(f"no recorded ggml output {name!r} (recorded: {known}); install ggml-python to compute it")
+        if str(z[name + ".inputs"]) != digest:
+            raise ValueError(f"the recorded ggml output {name!r} was computed from other inputs than these; "
+                             "install ggml-python to compute it")
+        out = z[name]
+    print(f"[ggml-python is not installed: {name} is what {PROFILE.split(' (')[0]}'s ggml computed from these "
+          f"inputs, recorded with refimpl, not computed now]")
+    return out
+
+
+def _digest(inputs) -> str:
+    """A digest of arrays' types, shapes and bytes (a QTensor's ggml type and raw blocks; None, an absent input,
+    as such)."""
+    import hashlib
+    h = hashlib.sha256()
+    for a in inputs:
+        if a is None:
+            h.update(b"None")
+            continue
+        if isinstance(a, QTensor):
+            h.update(f"{traits(a.type).name}{a.shape}".encode())
+            a = a.data
+        a = np.ascontiguousarray(a)
+        if a.dtype.hasobject:
+            raise TypeError(f"live_or_recorded: inputs are arrays, QTensors or None, not {a.dtype} arrays")
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _record(path: str, name: str, digest: str, out) -> None:
+    """Add (or replace) `name` and its inputs' digest in the .npz at `path`."""
+    arrays = {}
+    if os.path.exists(path):
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    arrays[name], arrays[name + ".inputs"] = np.asarray(out), np.array(digest)
+    np.savez_compressed(path, **arrays)
+
+
 def _span(shape, strides, itemsize):
     """(lowest byte offset, bytes covered) of a strided view with non-negative strides."""
     if any(s < 0 for s in strides):
