@@ -160,7 +160,8 @@ FAKE_TBO = r'''#!PYTHON
 """A stand-in for test-backend-ops: `support` lists N cases of ADD; `test` judges its selection in order (one
 line each into GGML_JUDGE_OUT) and dies with SIGSEGV on the case named by CRASH_ON; the cases named by REFUSE
 it lists as supported but refuses when it runs them, as ggml-vulkan does with CONV_1D_DW's bf16 kernels (on any
-device but CPU, which runs them; REFUSE=* refuses every case)."""
+device but CPU, which runs them; REFUSE=* refuses every case); with PIDS set it leaves a file named by its pid
+there, and it takes SLOW seconds a case."""
 import os, signal, sys
 N = int(os.environ["FAKE_N"])
 cases = [f"ADD(type=f32,ne=[{i},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding={'x' * 40})"
@@ -173,8 +174,11 @@ if args[0] == "support":
         print(f'Vulkan0,ADD,"{c[4:-1]}",1')
     sys.exit(0)
 todo = cases if sel == "ADD" else [c if c.endswith(")") else c + ")" for c in sel.split("),")]
+if os.environ.get("PIDS"):                      # where it says it runs; SLOW: seconds it takes per case
+    open(os.path.join(os.environ["PIDS"], str(os.getpid())), "w").close()
 with open(os.environ["GGML_JUDGE_OUT"], "a") as f:
     for c in todo:
+        __import__("time").sleep(float(os.environ.get("SLOW", 0)))
         refused = os.environ.get("REFUSE", "")
         if (refused == "*" or c in refused.split(";")) and args[args.index("-b") + 1] != "CPU":
             print(f"  {c}: not supported [Vulkan0] ", flush=True)
@@ -285,3 +289,51 @@ def test_a_thousand_cases_the_backend_refuses_go_to_ggml_cpu_in_batches(tmp_path
     records, left = conformance._judge_passes(bindir, conformance.BACKENDS["vulkan"], "ADD", None,
                                               dict(os.environ), tmp_path, lambda m: None, 0.0, 60.0, False, True, 1)
     assert left == [] and len(records) == n and all(r.get("backend_supported") is False for r in records)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_ends_its_processes_and_its_threads(tmp_path, monkeypatch, sig):
+    """Ctrl-C (or SIGTERM, which `run` turns into the same) during a run split over two processes: the judge
+    ends both test-backend-ops processes and both refimpl servers and returns at once. Before, the main thread
+    left while the shares' threads went on running test-backend-ops to the end of their cases (a Vulkan run:
+    hours), and SIGTERM left the servers running."""
+    import signal
+    import threading
+    import time
+    bindir = _fake_bin(tmp_path)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    case = "ADD(type=f32,ne=[{},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding=" + "x" * 40 + ")"
+    todo = [case.format(i) for i in range(8)]
+    env = {**os.environ, "FAKE_N": "8", "PIDS": str(pids), "SLOW": "120"}
+    servers = []
+    real_server = conformance._Server
+
+    def server(numerics, log):
+        servers.append(real_server(numerics, log))
+        return servers[-1]
+    monkeypatch.setattr(conformance, "_Server", server)
+
+    def interrupt_when_both_run():
+        deadline = time.monotonic() + 120
+        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(os.getpid(), getattr(signal, sig))
+    threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), conformance._sigterm_interrupts():
+        conformance._split_pass(bindir, "Vulkan0", todo, env, tmp_path, "", lambda m: None, 0.0, 600.0, False, 2)
+    tbo = [int(p.name) for p in pids.iterdir()]
+    assert len(tbo) == 2 and len(servers) == 2, (tbo, servers)
+    assert time.monotonic() - t0 < 90 and not [p for p in tbo if _alive(p)]
+    assert all(s.proc.poll() is not None for s in servers)
+    assert not [t for t in threading.enumerate() if t.name.startswith("conformance-") and t.is_alive()]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

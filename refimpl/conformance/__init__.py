@@ -25,12 +25,15 @@ A case ggml-cpu cannot run is judged on the backend alone (`cpu_supported` false
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,13 +81,59 @@ def build(backend: Backend) -> Path:
     return Path(p.stdout.strip().splitlines()[-1])
 
 
+class _Children:
+    """The processes a run has started and not yet ended (refimpl's servers, test-backend-ops), so that an
+    interrupted run (Ctrl-C, SIGTERM) ends them all, in whichever thread they were started, instead of leaving
+    them running or waiting for them: `stop_all` terminates them and sets `stopping`, which the threads of a
+    split run see and end on."""
+
+    def __init__(self):
+        self.lock, self.procs, self.stopping = threading.Lock(), set(), threading.Event()
+
+    def add(self, proc: subprocess.Popen) -> subprocess.Popen:
+        with self.lock:
+            self.procs.add(proc)
+        if self.stopping.is_set():
+            _end(proc)
+        return proc
+
+    def discard(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def stop_all(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            procs = list(self.procs)
+        for proc in procs:
+            _end(proc)
+
+
+def _end(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Terminate `proc` and reap it (killed after `grace` seconds)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+_CHILDREN = _Children()
+
+
+class Interrupted(KeyboardInterrupt):
+    """A worker thread of a split run, ending because the run was interrupted."""
+
+
 class _Server:
     """`refimpl serve` in a child process on a free loopback port; its log in `log`."""
 
     def __init__(self, numerics: str, log: Path, timeout: float = 120.0):
         self.log = log
         cmd = [sys.executable, "-m", "refimpl", "serve", "--port", "0", "--numerics", numerics]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        self.proc = _CHILDREN.add(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True))
         deadline = time.monotonic() + timeout
         line = ""
         while time.monotonic() < deadline:
@@ -100,12 +149,8 @@ class _Server:
                                f"see {log}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        _end(self.proc)
+        _CHILDREN.discard(self.proc)
 
 
 def _devices(bindir: Path, backend: Backend, env: dict) -> dict[str, str]:
@@ -184,8 +229,14 @@ def _pass(bindir: Path, device: str, ops: str | None, params: str | None, env: d
         cmd += ["-o", selection] if selection else []
         cmd += ["-p", params] if params else []
         with open(log_path, "a") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            stalled = _follow(proc, raw_path, progress, t0, case_timeout)
+            proc = _CHILDREN.add(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+            try:
+                stalled = _follow(proc, raw_path, progress, t0, case_timeout)
+            finally:                              # an interrupt in this thread: test-backend-ops ends with it
+                _end(proc)
+                _CHILDREN.discard(proc)
+        if _CHILDREN.stopping.is_set():
+            raise Interrupted("the run was interrupted")
         normal_end = proc.returncode in (0, 1) and not stalled     # 1: some case failed, which the verdicts say
         if normal_end and batch is None:
             break
@@ -262,6 +313,37 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     ops = _selection(ops, params, cases_file)
     out = Path(out) if out else Path(f"conformance-{backend}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
+    with _sigterm_interrupts():
+        try:
+            return _run(be, ops, params, out, cases_file, second_reference, cpu_alone, case_timeout, jobs, progress)
+        except KeyboardInterrupt:                   # Ctrl-C, SIGTERM, or a share that saw either
+            _CHILDREN.stop_all()
+            progress(f"conformance: interrupted; its test-backend-ops processes and refimpl servers are stopped; "
+                     f"what was judged is in {out}/raw*.jsonl")
+            raise
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM, while a run goes on in the main thread, raises KeyboardInterrupt as Ctrl-C does, so that the
+    run ends its child processes (Python's default for SIGTERM is to exit at once, leaving them running)."""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _interrupt) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run(be, ops, params, out: Path, cases_file, second_reference, cpu_alone, case_timeout, jobs, progress) -> dict:
+    """`run` after its arguments are checked: build, judge, write the outputs."""
+    backend = be.name
+    _CHILDREN.stopping.clear()              # a run interrupted before, in this process, is over
     t0 = time.monotonic()
     progress(f"conformance: building test-backend-ops for {backend} ({be.about})")
     bindir = build(be)
@@ -369,7 +451,7 @@ def _split_pass(bindir: Path, device: str, todo: list[str], env: dict, out: Path
     """`_servers_pass` over `todo` dealt round-robin (neighbouring cases of one op are alike in cost) to `jobs`
     shares run at once in threads; the results merged back into `todo`'s order. One job: `tag` and the
     progress lines as they are."""
-    import threading
+    _CHILDREN.stopping.clear()
     shares = [todo[i::jobs] for i in range(jobs)]
     results: list = [None] * jobs
     errors: list[BaseException] = []
@@ -389,8 +471,14 @@ def _split_pass(bindir: Path, device: str, todo: list[str], env: dict, out: Path
                if shares[i]]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:                     # Ctrl-C or SIGTERM in this thread: end every share's processes
+        _CHILDREN.stop_all()
+        for t in threads:
+            t.join(60)
+        raise
     if errors:
         raise errors[0]
     order = {c: k for k, c in enumerate(todo)}
@@ -455,6 +543,8 @@ def _follow(proc: subprocess.Popen, raw_path: Path, progress, t0: float, limit: 
     last_result = time.monotonic()
     pos = raw_path.stat().st_size if raw_path.exists() else 0
     while True:
+        if _CHILDREN.stopping.is_set():          # the run was interrupted (in another thread)
+            return False
         done = proc.poll() is not None
         if raw_path.exists():
             with open(raw_path) as f:
