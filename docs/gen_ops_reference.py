@@ -411,10 +411,15 @@ _cwd: list[str] = []
 
 def on_page_markdown(markdown, page, config, files):
     """Links to OPTIONAL_PAGES that are not there yet become plain text. A notebook page is rendered and executed
-    (unless REFIMPL_DOCS_EXECUTE=false) from notebooks/, the working directory the notebooks expect."""
+    (unless REFIMPL_DOCS_EXECUTE=false) from notebooks/, the working directory the notebooks expect, without the
+    side columns."""
     if page.file.src_uri.startswith("notebooks/") and page.file.src_uri.endswith(".py"):
         _cwd.append(os.getcwd())
         os.chdir(NB_DIR)
+        # the whole width for the notebook (the site's navigation stays in the header search and the previous /
+        # next links below): its code is written to 120 columns, and at a 1280-pixel window the two side columns
+        # left 630 pixels for it, 880 without the table of contents (tests/test_docs.py checks in a browser)
+        page.meta["hide"] = ["navigation", "toc"]
     if SHRUNK_MARKER in markdown:
         markdown = markdown.replace(SHRUNK_MARKER, "```text\n" + shrunk_example() + "\n```")
     for name in OPTIONAL_PAGES:

@@ -7,6 +7,13 @@ bash scripts/setup.sh test,tokenizers,numba,notebooks,docs,mkl || exit 1
 .venv/bin/refimpl fetch smollm2 >/dev/null || exit 1
 .venv/bin/refimpl fetch minilm >/dev/null || exit 1
 .venv/bin/refimpl fetch gemma3 >/dev/null || exit 1
+# Debian's chromium, the real browser tests/test_docs.py opens the built site in (installed when absent and this
+# runs as root with apt-get; otherwise that test says how to install it)
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  mkdir -p build
+  { apt-get install -y --no-install-recommends chromium || { apt-get update && apt-get install -y --no-install-recommends chromium; }; } \
+    >build/apt-chromium.log 2>&1 || echo "scripts/test.sh: apt-get install chromium failed (build/apt-chromium.log)" >&2
+fi
 # llama.cpp's test-backend-ops, test-llama-archs and ggml-rpc-server (ggml 0.25.3, RPC on), cached outside the repo
 bash scripts/build_llamacpp.sh >/dev/null || exit 1
 # ci: derandomized, the same examples on every run of a commit (tests/_profiles.py; explore draws new ones)
