@@ -304,11 +304,12 @@ def tokenizers_page() -> str:
 def notebooks_index() -> str:
     lines = ["# Notebooks", "",
              "Teaching notebooks, one idea each, that import refimpl rather than re-implement it. Their sources are "
-             "jupytext percent-format files in `notebooks/` (the `.ipynb` beside each is generated from it); the test "
+             "jupytext percent-format files in `notebooks/` (the `.ipynb` beside each is that source executed, with "
+             "its outputs and figures, so the repository shows them too); the test "
              "docs build executes every one on the real models, so these pages show each output and plot (and the "
              "test suite's build fails when a cell fails: `tests/test_docs.py`). Each ends with exercises "
              "checked against refimpl. Run one locally with `pip install -e '.[notebooks]'` and "
-             "`jupyter lab notebooks/` (or `jupytext --to ipynb` and any notebook viewer); "
+             "`jupyter lab notebooks/` (or open the `.ipynb` in any notebook viewer); "
              "`REFIMPL_DOCS_EXECUTE=false mkdocs build` builds the pages with the code only.", ""]
     lines += ["## The path", "", *notebook_path(), "", "## Each notebook", ""]
     for src in notebook_sources():

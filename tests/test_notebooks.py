@@ -1,6 +1,7 @@
 """The teaching notebooks' committed forms: the jupytext percent-format sources `notebooks/NN_*.py` are the
-truth; the `.ipynb` beside each is generated from it (`jupytext --to ipynb notebooks/NN_*.py`) and committed
-without outputs. The tests check that the committed `.ipynb` holds the same cells and carries no outputs.
+truth; the `.ipynb` beside each is that source executed (`python scripts/render_notebooks.py NAME`), committed
+with its outputs and figures so that the repository shows them. The tests check that each `.ipynb` holds its
+source's cells, executed in order, without an error output.
 
 Every notebook executes, top to bottom, on the real models (SmolLM2, MiniLM) in the docs build
 (tests/test_docs.py), which renders the pages with their outputs and plots and fails when a cell raises;
@@ -81,19 +82,26 @@ def test_sources_exist():
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
-def test_ipynb_is_generated_from_source_without_outputs(source):
-    """The committed .ipynb has the source's cells (regenerate: jupytext --to ipynb SOURCE) and no outputs."""
+def test_ipynb_is_its_source_executed(source):
+    """The committed .ipynb is the source's cells with the outputs of one execution, so that a reader of the
+    repository sees the figures without running anything (regenerate: python scripts/render_notebooks.py NAME):
+    the same cells, every code cell executed in order, no error output, each figure a PNG, the file small."""
     jupytext, _ = _tools()
     ipynb = source.with_suffix(".ipynb")
-    assert ipynb.exists(), f"{ipynb.name} is missing: jupytext --to ipynb {source.relative_to(ROOT)}"
+    assert ipynb.exists(), f"{ipynb.name} is missing: python scripts/render_notebooks.py {source.stem}"
     want = [(c.cell_type, c.source) for c in jupytext.read(source).cells]
     nb = jupytext.read(ipynb)
     got = [(c.cell_type, c.source) for c in nb.cells]
-    assert got == want, f"{ipynb.name} is out of date with {source.name}: jupytext --to ipynb {source.name}"
-    dirty = [i for i, c in enumerate(nb.cells)
-             if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
-    assert not dirty, f"{ipynb.name}: cells {dirty} carry outputs; regenerate it from {source.name}"
-
+    assert got == want, (f"{ipynb.name} is out of date with {source.name}: "
+                         f"python scripts/render_notebooks.py {source.stem}")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.get("execution_count") for c in code] == list(range(1, len(code) + 1)), (
+        f"{ipynb.name} was not executed top to bottom: python scripts/render_notebooks.py {source.stem}")
+    outputs = [o for c in code for o in c.get("outputs", ())]
+    assert not [o for o in outputs if o.get("output_type") == "error"], f"{ipynb.name} carries an error output"
+    figures = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert figures, f"{ipynb.name} shows no figure"
+    assert ipynb.stat().st_size < 1_000_000, f"{ipynb.name}: {ipynb.stat().st_size} bytes; keep it under 1 MB"
 
 def _printed(nb) -> str:
     return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", ()))
