@@ -51,7 +51,9 @@ case "$profile" in
     for tool in glslc; do
       command -v "$tool" >/dev/null || { echo "build_llamacpp.sh: ggml-vulkan needs $tool: apt-get install glslc" >&2; exit 1; }
     done
-    loader="$(ls /usr/lib/*/libvulkan.so.1 2>/dev/null | head -1)"
+    # the system's loader, in its multiarch directory (chromium ships a private copy in /usr/lib/chromium/, which
+    # a /usr/lib/*/ glob picked first once chromium was installed, changing the build's key)
+    loader="$(ls /usr/lib/*-linux-gnu*/libvulkan.so.1 2>/dev/null | head -1)"
     [ -n "$loader" ] || { echo "build_llamacpp.sh: no Vulkan loader: apt-get install libvulkan1 mesa-vulkan-drivers" >&2; exit 1; }
     hdr="$cache/vulkan-headers"
     flags="$isa $rest -DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$hdr/root/usr/include -DVulkan_LIBRARY=$loader \
