@@ -29,5 +29,13 @@ sys.exit(not os.path.exists(os.path.join(os.path.dirname(llama_cpp.__file__), 'l
       --no-binary llama-cpp-python llama-cpp-python==0.3.36
   fi
   .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
+  # with Numba: compile the kernels the main job's generation runs into Numba's cache now, as installing a
+  # compiled library compiles it, rather than in the main job's first run between loading the model and its first
+  # token (refimpl.textgen.precompile; a failure here only leaves that compile to the first run)
+  case ",$extras," in *,numba,*)
+    echo "setup.sh: compiling refimpl's Numba kernels for text generation (once per install)..." >&2
+    .venv/bin/python -c "from refimpl.textgen import precompile; print(f'setup.sh: compiled in {precompile():.0f} s')" >&2 \
+      || echo "setup.sh: precompiling failed; the first run compiles instead" >&2 ;;
+  esac
   touch "$stamp"
 fi

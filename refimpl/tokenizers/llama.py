@@ -213,6 +213,23 @@ def _byte_alphabet() -> list[str]:
 BYTE_TO_CHAR = _byte_alphabet()
 CHAR_TO_BYTE = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
 
+
+def byte_level_vocab(n_vocab: int) -> dict:
+    """Minimal `tokenizer.*` metadata that llama.cpp (and refimpl's tokenizer) accept: a GPT-2 byte-level BPE,
+    for GGUFs written with random weights (tests, the kernels' precompile).
+
+    llama.cpp will not load a GGUF without `tokenizer.ggml.model`; "gpt2" also needs `tokenizer.ggml.tokens`
+    and a non-empty `tokenizer.ggml.merges` ("none" loads in llama.cpp but refimpl's loader builds no
+    tokenizer from it). Tokens: "Ġ" (space), "Ċ" (newline), printable ASCII, the other byte symbols of
+    GPT-2's byte alphabet, then "<|extra_i|>"; the last id is "ĠĠ", the one merge. All NORMAL.
+    """
+    order = [0x20, 0x0A, *range(0x21, 0x7F)]            # " " is "Ġ", "\n" is "Ċ", then printable ASCII
+    order += [b for b in range(256) if b not in order]
+    tokens = [BYTE_TO_CHAR[b] for b in order][: n_vocab - 1]
+    tokens += [f"<|extra_{i}|>" for i in range(len(tokens), n_vocab - 1)] + ["ĠĠ"]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [1] * n_vocab, "tokenizer.ggml.merges": ["Ġ Ġ"]}
+
 # llama.cpp's texts for end-of-turn tokens (`special_eot_id` is the first present unless the GGUF
 # names it) and for the other end-of-generation tokens; these are forced to CONTROL.
 _FIM_TEXTS = {   # FIM tokens that llama.cpp counts as end of generation

@@ -33,3 +33,21 @@ def test_the_first_compile_says_so_once_and_a_cached_kernel_says_nothing(tmp_pat
 
 def test_refimpl_progress_0_silences_the_note(tmp_path):
     assert NOTE not in _stderr(tmp_path, REFIMPL_PROGRESS="0")
+
+
+def test_after_precompile_the_main_job_compiles_nothing(tmp_path):
+    """refimpl.textgen.precompile (scripts/setup.sh runs it at install) compiles, on a one-layer miniature with
+    SmolLM2's shapes and types, every kernel the main job's generation with the real SmolLM2 then runs: that run
+    loads them all from Numba's cache and compiles nothing (no note), where a fresh cache compiles for seconds
+    between loading the model and the first token."""
+    from refimpl import fetch
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    pre = subprocess.run([sys.executable, "-c", "from refimpl.textgen import precompile; precompile()"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert pre.returncode == 0, pre.stderr
+    assert NOTE in pre.stderr                    # it did compile, into the empty cache
+    main_job = [sys.executable, "-m", "refimpl", "generate", "-m", str(fetch.fetch("smollm2")),
+                "-p", "Once upon a time", "-n", "8"]
+    run = subprocess.run(main_job, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr
+    assert NOTE not in run.stderr, run.stderr

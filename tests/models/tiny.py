@@ -5,25 +5,7 @@ import numpy as np
 
 import refimpl
 from refimpl import gguf
-
-
-def byte_level_vocab(n_vocab: int) -> dict:
-    """Minimal `tokenizer.*` metadata that llama.cpp (and refimpl.tokenizer) accept: a GPT-2 byte-level BPE.
-
-    llama.cpp will not load a GGUF without `tokenizer.ggml.model`; "gpt2" also needs `tokenizer.ggml.tokens`
-    and a non-empty `tokenizer.ggml.merges` ("none" loads in llama.cpp but refimpl's loader builds no
-    tokenizer from it). Tokens: "Ġ" (space), "Ċ" (newline), printable ASCII, the other byte symbols of
-    GPT-2's byte-to-unicode table, then "<|extra_i|>"; the last id is "ĠĠ", the one merge. All NORMAL.
-    """
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]   # GPT-2's bytes_to_unicode: these
-    sym = {b: chr(b) for b in keep}                                       # bytes stand for themselves, the
-    sym.update({b: chr(0x100 + k) for k, b in enumerate(b for b in range(256) if b not in sym)})   # rest U+0100..
-    order = [0x20, 0x0A, *range(0x21, 0x7F)]            # " " is "Ġ", "\n" is "Ċ", then printable ASCII
-    order += [b for b in range(256) if b not in order]
-    tokens = [sym[b] for b in order][: n_vocab - 1]
-    tokens += [f"<|extra_{i}|>" for i in range(len(tokens), n_vocab - 1)] + ["ĠĠ"]
-    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": [1] * n_vocab, "tokenizer.ggml.merges": ["Ġ Ġ"]}
+from refimpl.tokenizers.llama import byte_level_vocab  # noqa: F401  (the tests' name for it)
 
 
 def write_tiny_llama(path, *, n_vocab=96, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
