@@ -172,6 +172,17 @@ print(rows, "| shares the bytes:", np.shares_memory(rows.data, w.data))
 #
 # Both operands have `k` along their rows, so neither is transposed in memory. In ggml's words
 # `C^T = A B^T`; in NumPy's, `out = b @ a.T`.
+#
+# The smallest case, ggml's own (its README and `examples/simple`): `A` is 4 x 2, `B` is 3 x 2, and ggml prints
+# the 4 x 3 result `[60 55 50 110; 90 54 54 126; 42 29 28 64]` row by row of `out` -- check one by hand:
+# row 0 of `B` is (10, 5), row 0 of `A` is (2, 8), and 10 * 2 + 5 * 8 = 60.
+
+# %%
+A = np.array([[2, 8], [5, 1], [4, 2], [8, 6]], np.float32)         # numpy (4, 2): ggml ne [2, 4]
+B = np.array([[10, 5], [9, 9], [5, 4]], np.float32)                # numpy (3, 2): ggml ne [2, 3]
+out = refimpl.mul_mat(A, B)                                        # numpy (3, 4): ggml ne [4, 3]
+print(out)
+print("what ggml's README prints:", np.array_equal(out, [[60, 55, 50, 110], [90, 54, 54, 126], [42, 29, 28, 64]]))
 
 # %%
 rng = np.random.default_rng(2)
