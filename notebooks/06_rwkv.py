@@ -287,6 +287,29 @@ if tiny is not None:
     plt.show()
 
 # %% [markdown]
+# Where that memory lives: the trained decays. Every channel of every layer forgets with a half-life of
+# `ln 2 / -ln w` tokens (the histogram earlier showed the random model's, spread over decades by construction).
+# This model learned half-lives under one byte in all 12 layers; what reaches a dozen bytes back is the
+# stack of 12 layers, each also mixing in the previous byte through its token shift.
+
+# %%
+if tiny is not None:
+    n_tiny = tiny.hparams.n_layer
+    hl_tiny = [np.log(2) / -np.log(decay_and_bonus(tiny, il)[0].reshape(-1).astype(np.float64))
+               for il in range(n_tiny)]
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for il, h in enumerate(hl_tiny):
+        ax.scatter(np.full(h.size, il), h, s=8, alpha=0.5, color="tab:blue")
+    ax.set_yscale("log")
+    ax.set_xticks(range(n_tiny))
+    ax.set_xlabel("layer of the trained tiny-rwkv-5v2-730K")
+    ax.set_ylabel("half-life (tokens, log)")
+    ax.set_title(f"every channel's half-life: {min(h.min() for h in hl_tiny):.2f} to "
+                 f"{max(h.max() for h in hl_tiny):.2f} tokens", fontsize=10)
+    plt.tight_layout()
+    plt.show()
+
+# %% [markdown]
 # ## Try this
 #
 # In the WKV cell, make every decay close to 1 (`w = np.full((H, N), 0.999, np.float32)`) and run it and the
