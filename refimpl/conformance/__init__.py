@@ -153,6 +153,40 @@ class _Server:
         _CHILDREN.discard(self.proc)
 
 
+class _Remote:
+    """A refimpl server already running (here or on another host), named by --servers: nothing to start or stop."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+
+    def stop(self) -> None:
+        pass
+
+
+def servers_option(text: str, timeout: float = 10.0) -> list[tuple[str, str | None]]:
+    """--servers: comma-separated entries, each `HOST:PORT` (a `refimpl serve` in exact numerics) or
+    `HOST:PORT+HOST:PORT` (then one in ggml numerics, the second reference), one test-backend-ops process per
+    entry. Every endpoint is checked to answer ggml's RPC HELLO before anything runs (ConformanceError naming
+    it otherwise). Nothing tells the numerics a server computes in: starting them as named is the caller's part."""
+    from ..rpc import Client
+    entries = []
+    for item in (t.strip() for t in text.split(",")):
+        parts = item.split("+")
+        if not item or len(parts) > 2:
+            raise ConformanceError(f"--servers {text!r}: each entry is HOST:PORT or HOST:PORT+HOST:PORT, "
+                                   f"not {item!r}")
+        for ep in parts:
+            host, _, port = ep.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConformanceError(f"--servers: {ep!r} is not HOST:PORT (a port from 1 to 65535)")
+            try:
+                Client(host.strip("[]"), int(port), timeout=timeout).close()
+            except (OSError, ValueError) as e:
+                raise ConformanceError(f"--servers: no ggml RPC server answers at {ep} ({e})") from None
+        entries.append((parts[0], parts[1] if len(parts) == 2 else None))
+    return entries
+
+
 def _devices(bindir: Path, backend: Backend, env: dict) -> dict[str, str]:
     """test-backend-ops' devices in this build, name -> description (the CPU's is its model name), asked of
     test-backend-ops itself; fails with the list when the build has no `backend.device` (e.g. lavapipe absent)."""
@@ -302,11 +336,13 @@ def _cpu_alone(raw_rec: dict, device: str) -> dict:
 
 def run(backend: str, ops: str | None = None, params: str | None = None, out: str | os.PathLike | None = None,
         *, cases_file: str | os.PathLike | None = None, second_reference: bool = True, cpu_alone: bool = True,
-        case_timeout: float = CASE_TIMEOUT, jobs: int = 1, progress=print) -> dict:
+        case_timeout: float = CASE_TIMEOUT, jobs: int = 1, servers: str | None = None, progress=print) -> dict:
     """Judge `backend` (a name of BACKENDS) on test-backend-ops' cases (`ops`: its -o, `params`: its -p, or
     `cases_file`: one full case string per line), in `jobs` test-backend-ops processes at once; write
     DIR/raw.jsonl (the patch's lines), DIR/cases.jsonl (the records), DIR/unsupported.txt (the cases the backend
-    cannot run), DIR/report.md and DIR/meta.json; return the summary (counts per verdict, seconds, the paths)."""
+    cannot run), DIR/report.md and DIR/meta.json; return the summary (counts per verdict, seconds, the paths).
+    `servers`: running refimpl servers to judge against instead of starting them here (on this machine or
+    others: `servers_option`), one test-backend-ops process per entry."""
     if backend not in BACKENDS:
         raise ConformanceError(f"unknown backend {backend!r}; refimpl judges: {', '.join(BACKENDS)}")
     be = BACKENDS[backend]
@@ -315,7 +351,8 @@ def run(backend: str, ops: str | None = None, params: str | None = None, out: st
     out.mkdir(parents=True, exist_ok=True)
     with _sigterm_interrupts():
         try:
-            return _run(be, ops, params, out, cases_file, second_reference, cpu_alone, case_timeout, jobs, progress)
+            return _run(be, ops, params, out, cases_file, second_reference, cpu_alone, case_timeout, jobs, progress,
+                        servers)
         except KeyboardInterrupt:                   # Ctrl-C, SIGTERM, or a share that saw either
             _CHILDREN.stop_all()
             progress(f"conformance: interrupted; its test-backend-ops processes and refimpl servers are stopped; "
@@ -340,9 +377,19 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _run(be, ops, params, out: Path, cases_file, second_reference, cpu_alone, case_timeout, jobs, progress) -> dict:
+def _run(be, ops, params, out: Path, cases_file, second_reference, cpu_alone, case_timeout, jobs, progress,
+         servers=None) -> dict:
     """`run` after its arguments are checked: build, judge, write the outputs."""
     backend = be.name
+    remote = servers_option(servers) if servers else None
+    if remote:
+        if jobs not in (1, len(remote)):
+            raise ConformanceError(f"--jobs {jobs} with {len(remote)} --servers entries: one test-backend-ops "
+                                   "process runs per entry (leave out --jobs)")
+        jobs = len(remote)
+        if second_reference and not all(ggml for _, ggml in remote):
+            second_reference = False
+            progress("conformance: no ggml-numerics server in --servers (EXACT+GGML): the second reference is off")
     _CHILDREN.stopping.clear()              # a run interrupted before, in this process, is over
     t0 = time.monotonic()
     progress(f"conformance: building test-backend-ops for {backend} ({be.about})")
@@ -358,7 +405,7 @@ def _run(be, ops, params, out: Path, cases_file, second_reference, cpu_alone, ca
     if int(jobs) != jobs or jobs < 1:
         raise ConformanceError(f"--jobs {jobs}: a whole number of test-backend-ops processes, at least 1")
     records, unsupported = _judge_passes(bindir, be, ops, params, env, out, progress, t0, case_timeout,
-                                         second_reference, cpu_alone, int(jobs))
+                                         second_reference, cpu_alone, int(jobs), remote)
     seen_ops = {r["op"] for r in records} | {c.split("(", 1)[0] for c in unsupported}
     if [n for n in unlisted if n not in seen_ops]:
         raise _unknown_ops([n for n in unlisted if n not in seen_ops])
@@ -394,7 +441,7 @@ def _selection(ops: str | None, params: str | None, cases_file) -> str | None:
 
 
 def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress, t0: float, case_timeout: float,
-                  second_reference: bool, cpu_alone: bool, jobs: int = 1) -> tuple[list, list]:
+                  second_reference: bool, cpu_alone: bool, jobs: int = 1, remote=None) -> tuple[list, list]:
     """(records, the cases left unjudged: the backend cannot run them, nor ggml-cpu where the second pass ran):
     test-backend-ops' pass on the backend against refimpl's servers (exact; ggml numerics as the second
     reference), then, where asked, the cases the backend cannot run on ggml-cpu alone. With jobs > 1 each
@@ -402,10 +449,12 @@ def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress,
     at once; the records come back in test-backend-ops' order."""
     progress(f"conformance: {be.device} against refimpl (exact) and ggml-cpu"
              + ("; refimpl ggml numerics where they disagree" if second_reference else "")
-             + (f"; {jobs} test-backend-ops processes, each with its own refimpl servers" if jobs > 1 else ""))
+             + (f"; {jobs} test-backend-ops processes, each with its own refimpl servers" if jobs > 1 else "")
+             + (f" (running: {'; '.join(' and '.join(filter(None, r)) for r in remote)})" if remote else ""))
     if jobs == 1:
         raws, crashes, unsupported = _servers_pass(bindir, be.device, env, out, "", progress, t0, case_timeout,
-                                                   second_reference, ops=ops, params=params)
+                                                   second_reference, ops=ops, params=params,
+                                                   remote=remote[0] if remote else None)
     else:
         listing = _case_list(bindir, be.device, ops, params, env)
         listed = {c for c, _ in listing}
@@ -413,7 +462,7 @@ def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress,
         # one share per distinct case string: -o runs every test of that string (a few tests print alike)
         todo = list(dict.fromkeys([c for c, ok in listing if ok] + [c for c in extra if c not in listed]))
         raws, crashes, unsupported = _split_pass(bindir, be.device, todo, env, out, "", progress, t0,
-                                                 case_timeout, second_reference, jobs)
+                                                 case_timeout, second_reference, jobs, remote)
         unsupported = sorted(set(unsupported) | {c for c, ok in listing if not ok})
     records = [judge(r) for r in raws] + crashes
     if cpu_alone and be.device != "CPU" and unsupported:
@@ -422,18 +471,22 @@ def _judge_passes(bindir: Path, be, ops, params, env: dict, out: Path, progress,
         # named case by case, in -o batches (a thousand case strings are over Linux's 128 KiB for one argument);
         # what is left unjudged: the cases ggml-cpu cannot run either
         raws, crashes, unsupported = _split_pass(bindir, "CPU", list(unsupported), env, out, "-cpu-alone",
-                                                 progress, t0, case_timeout, second_reference, jobs)
+                                                 progress, t0, case_timeout, second_reference, jobs, remote)
         records += [judge(_cpu_alone(r, be.device)) for r in raws] + crashes
     return records, unsupported
 
 
 def _servers_pass(bindir: Path, device: str, env: dict, out: Path, tag: str, progress, t0: float,
-                  case_timeout: float, second_reference: bool, *, ops=None, params=None, cases=None):
+                  case_timeout: float, second_reference: bool, *, ops=None, params=None, cases=None, remote=None):
     """One `_pass` against refimpl servers of its own (exact as RPC0, ggml numerics as RPC1), stopped whatever
-    happens: (the patch's lines, crash/time-out records, the cases `device` cannot run)."""
-    servers = [_Server("exact", out / f"serve-exact{tag}.log")]
+    happens, or against the running servers `remote` names ((exact endpoint, ggml endpoint or None), see
+    `servers_option`): (the patch's lines, crash/time-out records, the cases `device` cannot run)."""
+    if remote:
+        servers = [_Remote(e) for e in remote[:2 if second_reference else 1]]
+    else:
+        servers = [_Server("exact", out / f"serve-exact{tag}.log")]
     try:
-        if second_reference:
+        if second_reference and not remote:
             servers.append(_Server("ggml", out / f"serve-ggml{tag}.log"))
         env = {**env, "GGML_RPC_SERVERS": ",".join(s.endpoint for s in servers), "GGML_JUDGE_REF": "RPC0"}
         if second_reference:
@@ -447,7 +500,7 @@ def _servers_pass(bindir: Path, device: str, env: dict, out: Path, tag: str, pro
 
 
 def _split_pass(bindir: Path, device: str, todo: list[str], env: dict, out: Path, tag: str, progress, t0: float,
-                case_timeout: float, second_reference: bool, jobs: int):
+                case_timeout: float, second_reference: bool, jobs: int, remote=None):
     """`_servers_pass` over `todo` dealt round-robin (neighbouring cases of one op are alike in cost) to `jobs`
     shares run at once in threads; the results merged back into `todo`'s order. One job: `tag` and the
     progress lines as they are."""
@@ -463,7 +516,8 @@ def _split_pass(bindir: Path, device: str, todo: list[str], env: dict, out: Path
                 progress(m.replace("conformance:", f"conformance [{i + 1}/{jobs}]:", 1) if jobs > 1 else m)
         try:
             results[i] = _servers_pass(bindir, device, env, out, f"{tag}-{i + 1}" if jobs > 1 else tag, say, t0,
-                                       case_timeout, second_reference, cases=shares[i])
+                                       case_timeout, second_reference, cases=shares[i],
+                                       remote=remote[i] if remote else None)
         except BaseException as e:          # noqa: BLE001 -- raised again in the calling thread
             errors.append(e)
 
@@ -605,6 +659,9 @@ def add_parser(sub) -> None:
     s.add_argument("-j", "--jobs", type=at_least(1, "jobs", int), default=1, metavar="N",
                    help="split the cases over N test-backend-ops processes run at once, each with refimpl servers "
                    "of its own (default 1); the records are the same as one process's")
+    s.add_argument("--servers", metavar="EXACT[+GGML],...", help="judge against refimpl servers already running "
+                   "(`refimpl serve`, here or on other hosts: HOST:PORT in exact numerics, +HOST:PORT in ggml numerics "
+                   "for the second reference) instead of starting them; one test-backend-ops process per entry")
     s.add_argument("--no-second-reference", action="store_true", help="skip refimpl's ggml numerics (the "
                    "'undecided' check where the sides disagree)")
     s.add_argument("--model", metavar="GGUF", help="judge a whole model instead of test-backend-ops' cases: "
@@ -626,7 +683,8 @@ def cli(args) -> int:
     cases = SUBSETS[args.subset] if args.subset else args.cases
     s = run(args.backend, args.ops, args.params, args.out, cases_file=cases,
             second_reference=not args.no_second_reference, cpu_alone=not args.no_cpu_alone,
-            case_timeout=args.case_timeout, jobs=args.jobs, progress=lambda m: print(m, file=sys.stderr))
+            case_timeout=args.case_timeout, jobs=args.jobs, servers=args.servers,
+            progress=lambda m: print(m, file=sys.stderr))
     print(summary_line(args.backend, s))
     return 0
 

@@ -25,10 +25,11 @@ GOLDEN = _vendor.REPO / "tests" / "golden_data" / "conformance"
 SUM_CASE = "SUM(type=f32,ne=[33,256,1,1],permute=[1,0,2,3])"
 
 
-def _judge(backend: str, tmp_path, jobs: int = 1):
+def _judge(backend: str, tmp_path, jobs: int = 1, servers: str | None = None):
     out = tmp_path / "judge"
+    how = ["--servers", servers] if servers else ["--jobs", str(jobs)]
     p = subprocess.run([sys.executable, "-m", "refimpl", "conformance", "-b", backend, "--subset", "ci",
-                        "--out", str(out), "--jobs", str(jobs)], capture_output=True, text=True, timeout=3000)
+                        "--out", str(out), *how], capture_output=True, text=True, timeout=3000)
     assert p.returncode == 0, p.stderr[-3000:]
     print("\n" + p.stdout.strip())
     recs = read_cases(out / "cases.jsonl")
@@ -69,6 +70,31 @@ def test_ci_subset_judged_for_portable_cpu(tmp_path):
     _same_verdicts(recs, GOLDEN / "cpu-ci.json")
 
 
+def test_ci_subset_judged_against_servers_already_running(tmp_path):
+    """--servers: refimpl servers started beforehand (as on other hosts: here four `refimpl serve` processes on
+    loopback ports, two exact and two in ggml numerics) are the references, one test-backend-ops process per
+    EXACT+GGML pair; the verdicts are those one process with its own servers recorded, and the servers are
+    left running (they are not the run's to stop)."""
+    _vendor.bin_dir()
+    procs = []
+    try:
+        ends = []
+        for numerics in ("exact", "ggml", "exact", "ggml"):
+            procs.append(subprocess.Popen([sys.executable, "-m", "refimpl", "serve", "--port", "0", "--numerics",
+                                           numerics], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+            line = procs[-1].stdout.readline()
+            assert line.startswith("listening on "), line
+            ends.append(line.split()[-1])
+        recs = _judge("cpu", tmp_path, servers=f"{ends[0]}+{ends[1]},{ends[2]}+{ends[3]}")
+        _same_verdicts(recs, GOLDEN / "cpu-ci.json")
+        assert all(p.poll() is None for p in procs), "a server the run did not start was stopped"
+        assert sorted(q.name for q in (tmp_path / "judge").glob("raw*.jsonl")) == ["raw-1.jsonl", "raw-2.jsonl"]
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+
+
 def test_ci_subset_judged_for_vulkan_on_lavapipe(tmp_path):
     """Where ggml-vulkan's build is cached on this machine (its shaders take tens of minutes on 2 cores:
     `bash scripts/build_llamacpp.sh --profile vulkan` builds it) and Mesa's lavapipe is installed."""
@@ -103,6 +129,9 @@ def test_ci_subset_judged_for_vulkan_on_lavapipe(tmp_path):
     (["-b", "cpu", "-o", "ADD,NO_SUCH_OP"], "unknown op NO_SUCH_OP: test-backend-ops has no case of it"),
     (["-b", "cpu", "-p", "(["], "is not a regular expression"),
     (["-b", "cpu", "--subset", "ci", "-o", "ADD"], "select cases: give one"),
+    (["-b", "cpu", "-o", "ADD", "--servers", "localhost"], "--servers: 'localhost' is not HOST:PORT"),
+    (["-b", "cpu", "-o", "ADD", "--servers", "127.0.0.1:1"], "--servers: no ggml RPC server answers at 127.0.0.1:1"),
+    (["-b", "cpu", "-o", "ADD", "--servers", "127.0.0.1:1+a:2+b:3"], "each entry is HOST:PORT or HOST:PORT+HOST:PORT"),
 ])
 def test_bad_input_is_one_line(argv, message, tmp_path):
     _vendor.bin_dir()
