@@ -44,6 +44,13 @@ rng = np.random.default_rng(0)
 print(refimpl.rms_norm.__doc__)
 
 # %% [markdown]
+# The smallest case, by hand: the row `(3, 4)` has mean square `(9 + 16) / 2 = 12.5`, RMS `3.5355`, so
+# `rms_norm` (eps 0) gives `(3, 4) / 3.5355 = (0.8485, 1.1314)`:
+
+# %%
+print(refimpl.rms_norm(np.array([[3, 4]], np.float32), 0.0), "| by hand:", np.array([3, 4]) / np.sqrt(12.5))
+
+# %% [markdown]
 # The defining identity is `mean(out²) = ms / (ms + eps)` with `ms = mean(x²)`: rows far above `eps` come
 # out with unit RMS, rows near or below it are only partly scaled up. With rows of very different sizes:
 
