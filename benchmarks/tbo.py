@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,7 +37,9 @@ def parse_ops(text: str, bindir: Path) -> list[tuple[str, str | None]]:
                            capture_output=True, text=True, timeout=600)
         ops = [ln.split(",")[1].strip('"') for ln in p.stdout.splitlines()[1:] if ln.count(",") > 2]
         return [(op, None) for op in dict.fromkeys(ops)]
-    return [(e.split(":", 1)[0], e.split(":", 1)[1] if ":" in e else None) for e in text.split(",") if e]
+    # a comma starts a new selection only before an op's name (a REGEX may hold commas: "hsk=128,hsv=128")
+    entries = re.split(r",(?=[A-Z][A-Z0-9_]*(?::|,|$))", text)
+    return [(e.split(":", 1)[0], e.split(":", 1)[1] if ":" in e else None) for e in entries if e]
 
 
 def _cases(bindir: Path, op: str, regex: str | None) -> int:

@@ -125,3 +125,14 @@ def test_missing_engine_is_a_cell_not_a_crash():
 ])
 def test_targets_follow_the_issue(key, a, b, threads, want):
     assert target_for(key, a, b, threads) == want
+
+
+def test_tbo_selections_keep_the_commas_of_their_regexes():
+    """The tbo part's default slice joins its selections with commas and splits them again; two of them carry
+    commas in their -p REGEX (FLASH_ATTN_EXT's hsk=128,hsv=128..., CONV_2D's kernel shape). Split on every comma,
+    they became five selections of 0 cases and a FLASH_ATTN_EXT of 557 cases instead of its q8_0 slice."""
+    from benchmarks import tbo
+    want = [(e.split(":", 1)[0], e.split(":", 1)[1] if ":" in e else None) for e in tbo.SLICE]
+    assert tbo.parse_ops(",".join(tbo.SLICE), None) == want
+    assert tbo.parse_ops("ADD,MUL_MAT:type_a=q8_0,SOFT_MAX", None) == [("ADD", None), ("MUL_MAT", "type_a=q8_0"),
+                                                                      ("SOFT_MAX", None)]
