@@ -180,9 +180,9 @@ def _warmup(args, family, m, ids) -> None:
 
 
 # SmolLM2-135M-Instruct's shapes and types (the main job's model, `bash scripts/main.sh`) in one layer, with a byte
-# vocabulary: what `precompile` runs
-_MINIATURE = {"n_embd": 576, "n_head": 9, "n_head_kv": 3, "n_ff": 1536, "n_vocab": 256, "matrices": "q4_1",
-              "embedding": "q8_0", "rope_base": 100000.0}
+# vocabulary and its output tied to the embedding: what `precompile` runs (refimpl.models.tiny.write_tiny_llama)
+_MINIATURE = {"n_vocab": 256, "n_embd": 576, "n_layer": 1, "n_head": 9, "n_head_kv": 3, "n_ff": 1536,
+              "rope_base": 100000.0, "tied": True, "wtype": "q4_1", "embd_type": "q8_0"}
 
 
 def precompile() -> float:
@@ -196,35 +196,10 @@ def precompile() -> float:
     import io
     import tempfile
 
-    import numpy as np
-
-    from . import gguf
-    from .qtensor import quantize
-    from .tokenizers.llama import byte_level_vocab
+    from .models.tiny import write_tiny_llama
     t0 = time.perf_counter()
-    c = _MINIATURE
-    E, H, KV, F, V = c["n_embd"], c["n_head"], c["n_head_kv"], c["n_ff"], c["n_vocab"]
-    hd = E // H
-    rng = np.random.default_rng(0)
-
-    def mat(rows, cols, t=c["matrices"]):
-        return quantize((rng.standard_normal((rows, cols)) * cols ** -0.5).astype(np.float32), t)
-
-    def gain(n):
-        return (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
-    t = {"token_embd.weight": mat(V, E, c["embedding"]), "output_norm.weight": gain(E),
-         "blk.0.attn_norm.weight": gain(E), "blk.0.attn_q.weight": mat(E, E), "blk.0.attn_k.weight": mat(KV * hd, E),
-         "blk.0.attn_v.weight": mat(KV * hd, E), "blk.0.attn_output.weight": mat(E, E),
-         "blk.0.ffn_norm.weight": gain(E), "blk.0.ffn_gate.weight": mat(F, E), "blk.0.ffn_up.weight": mat(F, E),
-         "blk.0.ffn_down.weight": mat(E, F)}
-    md = {"general.architecture": "llama", "general.name": "refimpl-precompile", "llama.context_length": 8192,
-          "llama.embedding_length": E, "llama.block_count": 1, "llama.feed_forward_length": F,
-          "llama.attention.head_count": H, "llama.attention.head_count_kv": KV, "llama.rope.freq_base": c["rope_base"],
-          "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": hd, "llama.vocab_size": V,
-          **byte_level_vocab(V)}
     with tempfile.TemporaryDirectory(prefix="refimpl-precompile-") as d:
-        path = f"{d}/miniature.gguf"
-        gguf.save(path, md, t)
+        path = str(write_tiny_llama(f"{d}/miniature.gguf", **_MINIATURE))
         cli = argparse.ArgumentParser(prog="refimpl")
         add_parser(cli.add_subparsers())             # `refimpl generate` exactly as the command line parses it
         for prompt in ("Hi", "Once upon a time", "Once upon a time, in a small town by the sea, there lived"):
