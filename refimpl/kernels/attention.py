@@ -1,20 +1,25 @@
-"""flash_attn_ext with Numba: exact-mode attention one query row at a time, no (n_tokens, n_kv) score matrix.
+"""flash_attn_ext with Numba: exact-mode attention four query rows at a time, no (n_tokens, n_kv) score matrix.
 
 Versions:
-    _attn  per (sequence, head, query row): the row's n_kv scores in f64 (q.k summed over head_dim in index
-           order from exact f32 x f32 products, then scale or c*tanh(raw*fl(scale/c)), then + slope*mask),
-           M = NaN-propagating max with the sink, e = exp(s - M) (0 where s = -inf), Σe in f64 by NumPy's
-           pairwise order plus the sink's term, o = Σ_j e_j v_j in f64 in kv order; out = fl(o / Σ), 0 where
-           Σ is not > 0 -- the reference's f64 formula, in a different summation order for the two dot products
+    _attn  per (sequence, head, block of ROWS64 = 4 query rows): each row's n_kv scores in f64 (q.k summed
+           over head_dim in index order from exact f32 x f32 products, then scale or c*tanh(raw*fl(scale/c)),
+           then + slope*mask), M = NaN-propagating max with the sink, e = exp(s - M) (0 where s = -inf), Σe
+           in f64 by NumPy's pairwise order plus the sink's term, o = Σ_j e_j v_j in f64 in kv order (each
+           product rounded, then added); out = fl(o / Σ), 0 where Σ is not > 0 -- the reference's f64
+           formula, in a different summation order for the two dot products
     mha_fast  numerics="fast": llama.cpp's attention without flash attention (kq, soft_max_ext, kqv) for
            refimpl.models.bert, one (sequence, head) pair at a time: kq and kqv f32 sums in index order,
            the softmax through softmax.soft_max_row (the op kernel's steps and bits); mha_fast_qkv the
            same on the planes of one fused Q/K/V product
-Work items (sequence, head, query row) are split over threads. K is handed over transposed (head_dim rows
-of n_kv values), so the score loop runs over kv positions with one independent f64 sum each (vectorised
-without reassociating any sum). A tile of 64 kv positions whose mask is all -inf is skipped when q and K
-are finite (the reference's score there is -inf too), and a position with e = 0 adds nothing to o when V is
-finite.
+Work items (sequence, head, row block) are split over threads. Both products run in vector registers for
+the block's rows together (simd.vqk64_4x16, simd.vpv64_4x16), so that each vector of K or V is loaded and
+widened once for four rows: K is handed over transposed in tiles of LANES kv positions (head_dim rows of
+LANES values, the last tile padded with zeros), one independent f64 sum per kv position (vectorised without
+reassociating any sum); V's rows are read a CHUNK at a time over its dims (that chunk stays in cache). A
+tile whose mask is all -inf for every row of the block is skipped when q and K are finite (the reference's
+score there is -inf too), and a kv position whose e is 0 for every row adds nothing to o when V is finite.
+Measured on 400 drawn cases (GQA, masks, ALiBi, soft-capping, sinks, inf and NaN, every remainder): the
+bits of the one-row-at-a-time version this replaced.
 
 Numerics: the reference sums q.k with np.einsum, whose SIMD lanes (those of NumPy's build) accumulate in
 another order than index order, and evaluates exp and tanh with NumPy's routines where this uses libm: the
@@ -42,34 +47,8 @@ from .softmax import row_max, row_normalize, row_scores
 from .vexp import exp32_into
 
 PAR_MIN = 1 << 16       # multiply-adds (n_kv * (head_dim + head_dim_v) per query row) per thread at least
-TILE = 64               # kv positions per score tile (and per check of the mask for a skip)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _scores(qr, kt, mrow, has_mask, slope, scale, c, csc, skip, srow, acc):
-    """srow[j] = the reference's score of query row qr against kv position j (kt: (DK, NKV) f32), a tile
-    of TILE positions at a time (acc: (TILE,) f64 scratch, indexed from 0 so that the loop vectorises)."""
-    DK, NKV = kt.shape
-    for j0 in range(0, NKV, TILE):
-        m = min(TILE, NKV - j0)
-        mt = mrow[j0:j0 + m]
-        if has_mask and skip and _all_neg_inf(mt):
-            srow[j0:j0 + m] = -np.inf
-            continue
-        acc[:] = 0.0
-        for d in range(DK):
-            qd = np.float64(qr[d])
-            kd = kt[d, j0:j0 + m]
-            for i in range(m):
-                acc[i] = acc[i] + qd * np.float64(kd[i])
-        for i in range(m):
-            if c != 0.0:
-                x = c * np.tanh(acc[i] * csc)
-            else:
-                x = acc[i] * scale
-            if has_mask:
-                x = x + slope * np.float64(mt[i])
-            srow[j0 + i] = x
+LANES = 16              # kv positions per score vector (and per check of the mask for a skip), dims per o vector
+CHUNK = 256             # kv positions of V per pass over its dims
 
 
 @njit(inline="always")
@@ -108,36 +87,104 @@ def _softmax_weights(srow, has_sink, sink):
     return total
 
 
+@njit(inline="always")
+def _finish(a, scale, c, csc, has_mask, slope, m):
+    """The reference's score from the raw f64 dot a: scale (or soft-capping), then + slope * mask."""
+    x = c * np.tanh(a * csc) if c != 0.0 else a * scale
+    if has_mask:
+        x = x + slope * np.float64(m)
+    return x
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _attn(q, kt, v, mask, has_mask, slopes, sinks, has_sinks, scale, c, csc, skip_k, skip_v, out, lo, hi):
-    """Items lo..hi-1 = (s, h, n) in C order: q (S, H, N, DK), kt (S, HK, DK, NKV), v (S, HV, NKV, DV) f32;
-    mask (m3, m2, N, NKV) f32 tiled over s, h; slopes (H,) f64; sinks (H,) f64; out (S, N, H, DV) f32."""
-    H, N = q.shape[1], q.shape[2]
+    """Items lo..hi-1 = (s, h, b) in C order, b a block of R = simd.ROWS64 query rows (the last may be shorter):
+    q (S, H, N, DK), kt (S, HK, NT, DK, LANES) (K^T in tiles of LANES kv positions, the last padded with 0),
+    v (S, HV, NKV, DV) f32 C-contiguous; mask (m3, m2, Nm, NKV) f32
+    tiled over s, h and rows; slopes (H,) f64; sinks (H,) f64; out (S, N, H, DV) f32."""
+    H, N, DK = q.shape[1], q.shape[2], q.shape[3]
     NKV, DV = v.shape[2], v.shape[3]
-    rk, rv = H // kt.shape[1], H // v.shape[1]
-    m3, m2 = mask.shape[0], mask.shape[1]
-    srow = np.empty(NKV, np.float64)
-    acc = np.empty(TILE, np.float64)
-    o = np.empty(DV, np.float64)
+    HK, HV, NT = kt.shape[1], v.shape[1], kt.shape[2]
+    rk, rv = H // HK, H // HV
+    m3, m2, mn = mask.shape[0], mask.shape[1], mask.shape[2]
+    R = simd.ROWS64
+    NB = (N + R - 1) // R
+    DV16 = DV - DV % LANES
+    qf, ktf, vf = q.reshape(-1), kt.reshape(-1), v.reshape(-1)
+    srow = np.empty((R, NKV), np.float64)
+    sf = srow.reshape(-1)
+    acc = np.empty((R, LANES), np.float64)
+    o = np.zeros((R, DV), np.float64)
+    of = o.reshape(-1)
+    live = np.empty(NKV, np.intp)
+    total = np.empty(R, np.float64)
     for item in range(lo, hi):
-        n = item % N
-        h = (item // N) % H
-        s = item // (N * H)
-        mrow = mask[s % m3, h % m2, n % mask.shape[2]]
-        _scores(q[s, h, n], kt[s, h // rk], mrow, has_mask, slopes[h], scale, c, csc, skip_k, srow, acc)
-        total = _softmax_weights(srow, has_sinks, sinks[h])
-        o[:] = 0.0
-        vh = v[s, h // rv]
+        b = item % NB
+        h = (item // NB) % H
+        s = item // (NB * H)
+        n0 = b * R
+        nr = min(R, N - n0)
+        q0 = ((s * H + h) * N + n0) * DK
+        k0 = (s * HK + h // rk) * NT * DK * LANES
+        v0 = (s * HV + h // rv) * NKV * DV
+        slope = slopes[h]
+        mk = mask[s % m3, h % m2]
+        # scores: a tile of LANES kv positions of every row of the block at a time, in registers
+        for j0 in range(0, NKV, LANES):
+            m = min(LANES, NKV - j0)
+            if has_mask and skip_k:
+                dead = True
+                for r in range(nr):
+                    if not _all_neg_inf(mk[(n0 + r) % mn, j0:j0 + m]):
+                        dead = False
+                        break
+                if dead:
+                    srow[:nr, j0:j0 + m] = -np.inf
+                    continue
+            t0 = k0 + (j0 // LANES) * DK * LANES
+            if nr == R:
+                simd.vqk64_4x16(qf, q0, DK, DK, ktf, t0, LANES, acc, 0, LANES)
+            else:
+                for r in range(nr):
+                    simd.vqk64_1x16(qf, q0 + r * DK, DK, DK, ktf, t0, LANES, acc, r * LANES, LANES)
+            for r in range(nr):
+                mrow = mk[(n0 + r) % mn]
+                for i in range(m):
+                    srow[r, j0 + i] = _finish(acc[r, i], scale, c, csc, has_mask, slope, mrow[j0 + i])
+        for r in range(nr):
+            total[r] = _softmax_weights(srow[r], has_sinks, sinks[h])
+        # o = sum_j e_j v_j in kv order over the positions where some row's e is not 0 (a 0 adds nothing to
+        # a sum from +0 when V is finite; otherwise every position counts, as 0 * inf is NaN)
+        nl = 0
         for j in range(NKV):
-            e = srow[j]
-            if e == 0.0 and skip_v:
-                continue
-            vj = vh[j]
+            keep = not skip_v
+            for r in range(nr):
+                if srow[r, j] != 0.0:
+                    keep = True
+                    break
+            if keep:
+                live[nl] = j
+                nl += 1
+        o[:, :] = 0.0
+        for c0 in range(0, nl, CHUNK):      # V's rows a chunk at a time (kept in cache over the dims)
+            nc = min(CHUNK, nl - c0)
+            for d0 in range(0, DV16, LANES):
+                if nr == R:
+                    simd.vpv64_4x16(sf, 0, NKV, live, c0, nc, vf, v0 + d0, DV, of, d0, DV)
+                else:
+                    for r in range(nr):
+                        simd.vpv64_1x16(sf, r * NKV, NKV, live, c0, nc, vf, v0 + d0, DV, of, r * DV + d0, DV)
+        for r in range(nr):
+            for d in range(DV16, DV):
+                a = 0.0
+                for t in range(nl):
+                    j = live[t]
+                    a += srow[r, j] * np.float64(vf[v0 + j * DV + d])
+                o[r, d] = a
+            dst = out[s, n0 + r, h]
+            t_r = total[r]
             for d in range(DV):
-                o[d] += e * np.float64(vj[d])
-        dst = out[s, n, h]
-        for d in range(DV):
-            dst[d] = np.float32(o[d] / total) if total > 0.0 else np.float32(0.0)
+                dst[d] = np.float32(o[r, d] / t_r) if t_r > 0.0 else np.float32(0.0)
 
 
 def _kv_ok(x) -> bool:
@@ -191,12 +238,15 @@ def flash_attn_ext(q, k, v, mask=None, scale: float = 1.0, max_bias: float = 0.0
     nq, nk, nv, nm = dims
     DK, N, H, S = nq
     q4 = np.ascontiguousarray(q.reshape(nq[::-1]))                                   # (S, H, N, DK)
-    kt = np.ascontiguousarray(_f32_values(k, nk[::-1]).transpose(0, 1, 3, 2))        # (S, HK, DK, NKV)
+    NT = (nk[1] + LANES - 1) // LANES
+    kp = np.zeros((S, nk[2], NT * LANES, DK), np.float32)
+    kp[:, :, :nk[1]] = _f32_values(k, nk[::-1])
+    kt = np.ascontiguousarray(kp.reshape(S, nk[2], NT, LANES, DK).transpose(0, 1, 2, 4, 3))  # (S, HK, NT, DK, L)
     v4 = np.ascontiguousarray(_f32_values(v, nv[::-1]))                              # (S, HV, NKV, DV)
     if mask is not None:
         m4 = mask.reshape(nm[::-1])[:, :, :N, :nk[1]].astype(np.float32)             # (m3, m2, N, NKV)
     else:
-        m4 = np.zeros((1, 1, 1, 1), np.float32)
+        m4 = np.zeros((1, 1, 1, nk[1]), np.float32)                                 # read, never added
     slopes = alibi_slopes(H, max_bias).astype(np.float64)
     sk = np.zeros(H) if sinks is None else sinks.reshape(-1).astype(np.float64)
     sc = np.float32(scale)
@@ -207,10 +257,11 @@ def flash_attn_ext(q, k, v, mask=None, scale: float = 1.0, max_bias: float = 0.0
                       and np.all(np.isfinite(slopes)) and np.isfinite(q4).all() and np.isfinite(kt).all())
     skip_v = bool(np.isfinite(v4).all())
     out = np.empty((S, N, H, nv[0]), np.float32)
-    per = max(1, PAR_MIN // (nk[1] * (DK + nv[0])))
+    R = simd.ROWS64
+    per = max(1, PAR_MIN // (nk[1] * (DK + nv[0]) * R))
     parallel_ranges(lambda lo, hi: _attn(q4, kt, v4, m4, mask is not None, slopes, sk, sinks is not None,
                                          np.float64(sc), np.float64(c), csc, skip_k, skip_v, out, lo, hi),
-                    S * H * N, per)
+                    S * H * ((N + R - 1) // R), per)
     nd = max(q.ndim, 3)
     return out.reshape(out.shape[4 - nd:])
 
@@ -325,7 +376,7 @@ def _mha(q5, iq, k5, ik, v5, iv, mask, scale: float):
             return None
         m4 = mask.astype(np.float32, copy=False)
     else:
-        m4 = np.zeros((1, 1, 1, 1), np.float32)
+        m4 = np.zeros((1, 1, 1, nk[1]), np.float32)                                 # read, never added
     out = np.empty((S, T, H, D), np.float32)
     sc = np.float32(scale)
     per = max(1, PAR_MIN // max(1, T * N * D))

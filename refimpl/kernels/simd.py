@@ -26,6 +26,13 @@ Intrinsics (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 blocks unless noted):
     vaxpy8/16/32(a, a0, n, B, b0, ldb, out, o0)
                                              out[o0:+L] = sum over i of fl(a[a0+i] * B[b0+i*ldb:+L]), L f32
                                              lane sums in i order held in registers (attention.py's products)
+    vqk64_4x16(a, a0, lda, n, B, b0, ldb, out, o0, ldo)
+                                             four f32 rows of a against 16 columns of B: 4 x 16 f64 lane
+                                             sums of exact products in i order, in registers (exact numerics'
+                                             attention scores); vqk64_1x16 one row
+    vpv64_4x16(e, e0, lde, J, j0, nj, V, v0, ldv, out, o0, ldo)
+                                             out's 4 x 16 f64 lanes += e[r, J[t]] * V[J[t], :16] over t in
+                                             order, each product rounded, then added (attention's e.v)
     vmax16(x, m) -> f32                      max of x[:16m] in 16 lanes, NaN if any is NaN (softmax rows)
 The callers check every bound the IR relies on (once per call); the IR itself does not, and its typing
 accepts only C-contiguous arrays, since it computes flat addresses.
@@ -472,6 +479,103 @@ def _make_vaxpy(lanes: int):
 
 
 vaxpy8, vaxpy16, vaxpy32 = _make_vaxpy(8), _make_vaxpy(16), _make_vaxpy(32)
+
+
+# -- f64 column sums of several rows at once, in registers: exact numerics' attention ----------------------------
+
+_F64 = ir.DoubleType()
+
+
+def _make_rows64(rows: int, lanes: int):
+    """vqk64_<rows>x<lanes> and vpv64_<rows>x<lanes>: `rows` rows' lane sums held in registers together, so
+    that each vector of B (or V) is loaded and widened once for all of them."""
+    vty = ir.VectorType(_F64, lanes)
+    wide = ir.VectorType(_F32, lanes)
+
+    def f32_array(x):
+        return isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"
+
+    @intrinsic
+    def vqk64(typingctx, a, a0, lda, n, B, b0, ldb, out, o0, ldo):
+        if not (f32_array(a) and f32_array(B) and isinstance(out, types.Array) and out.dtype == types.float64
+                and out.layout == "C"):
+            return None
+        sig = types.none(a, types.intp, types.intp, types.intp, B, types.intp, types.intp, out, types.intp,
+                         types.intp)
+
+        def codegen(context, builder, signature, args):
+            aa, a0v, ldav, nv, ba, b0v, ldbv, oa, o0v, ldov = args
+            pa = builder.gep(_f32_data(context, builder, signature.args[0], aa), [a0v])
+            pb = builder.gep(_f32_data(context, builder, signature.args[4], ba), [b0v])
+            po = builder.gep(builder.bitcast(context.make_array(signature.args[7])(context, builder, oa).data,
+                                             _F64.as_pointer()), [o0v])
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * lanes)) for _ in range(rows)]
+            with cgutils.for_range(builder, nv) as loop:
+                i = loop.index
+                col = builder.load(builder.bitcast(builder.gep(pb, [builder.mul(i, ldbv)]), wide.as_pointer()),
+                                   align=4)
+                col = builder.fpext(col, vty)
+                for r in range(rows):
+                    x = builder.load(builder.gep(pa, [builder.add(builder.mul(ir.Constant(i.type, r), ldav), i)]))
+                    # the product of two f32 values is exact in f64: one fused rounding = fmul then fadd
+                    xs = _splat(builder, builder.fpext(x, _F64), vty)
+                    builder.store(_fma(builder, xs, col, builder.load(accs[r])), accs[r])
+            for r in range(rows):
+                dst = builder.gep(po, [builder.mul(ir.Constant(ldov.type, r), ldov)])
+                builder.store(builder.load(accs[r]), builder.bitcast(dst, vty.as_pointer()), align=8)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def vpv64(typingctx, e, e0, lde, J, j0, nj, V, v0, ldv, out, o0, ldo):
+        if not (isinstance(e, types.Array) and e.dtype == types.float64 and e.layout == "C"
+                and isinstance(J, types.Array) and J.dtype == types.intp and J.layout == "C"
+                and f32_array(V) and isinstance(out, types.Array) and out.dtype == types.float64
+                and out.layout == "C"):
+            return None
+        sig = types.none(e, types.intp, types.intp, J, types.intp, types.intp, V, types.intp, types.intp, out,
+                         types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            ea, e0v, ldev, ja, j0v, njv, va, v0v, ldvv, oa, o0v, ldov = args
+            pe = builder.gep(builder.bitcast(context.make_array(signature.args[0])(context, builder, ea).data,
+                                             _F64.as_pointer()), [e0v])
+            pj = builder.gep(builder.bitcast(context.make_array(signature.args[3])(context, builder, ja).data,
+                                             ir.IntType(64).as_pointer()), [j0v])
+            pv = builder.gep(_f32_data(context, builder, signature.args[6], va), [v0v])
+            po = builder.gep(builder.bitcast(context.make_array(signature.args[9])(context, builder, oa).data,
+                                             _F64.as_pointer()), [o0v])
+            dsts = [builder.bitcast(builder.gep(po, [builder.mul(ir.Constant(ldov.type, r), ldov)]),
+                                    vty.as_pointer()) for r in range(rows)]
+            accs = [cgutils.alloca_once_value(builder, builder.load(dsts[r], align=8)) for r in range(rows)]
+            with cgutils.for_range(builder, njv) as loop:
+                j = builder.load(builder.gep(pj, [loop.index]))
+                row = builder.load(builder.bitcast(builder.gep(pv, [builder.mul(j, ldvv)]), wide.as_pointer()),
+                                   align=4)
+                row = builder.fpext(row, vty)
+                for r in range(rows):
+                    x = builder.load(builder.gep(pe, [builder.add(builder.mul(ir.Constant(j.type, r), ldev), j)]))
+                    prod = builder.fmul(_splat(builder, x, vty), row)
+                    builder.store(builder.fadd(builder.load(accs[r]), prod), accs[r])
+            for r in range(rows):
+                builder.store(builder.load(accs[r]), dsts[r], align=8)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    vqk64.__doc__ = (f"out[o0 + r*ldo : +{lanes}] = Σ_i f64(a[a0 + r*lda + i]) * f64(B[b0 + i*ldb : +{lanes}]) for "
+                     f"r < {rows}, i = 0 .. n-1: each lane an f64 sum from +0 in i order of exact products (the "
+                     "scores of several query rows against K^T's columns). a, B C-contiguous f32, out f64, any "
+                     "rank, offsets in elements; the caller checks every bound.")
+    vpv64.__doc__ = (f"out[o0 + r*ldo : +{lanes}] += Σ_t e[e0 + r*lde + J[t]] * f64(V[v0 + J[t]*ldv : +{lanes}]) for "
+                     f"r < {rows}, t = j0 .. j0+nj-1: each lane goes on from out's value in t order, each product "
+                     "rounded, then added (fmul, fadd). e, out C-contiguous f64, J intp, V f32; the caller checks "
+                     "every bound.")
+    return vqk64, vpv64
+
+
+ROWS64 = 4      # query rows per call of vqk64_4x16 / vpv64_4x16
+vqk64_4x16, vpv64_4x16 = _make_rows64(ROWS64, 16)
+vqk64_1x16, vpv64_1x16 = _make_rows64(1, 16)
 
 
 # -- a row's maximum, 16 lanes at a time (softmax) -----------------------------------------------------------------

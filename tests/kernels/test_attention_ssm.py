@@ -347,3 +347,45 @@ def _ssm_small():
     u = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)      # noqa: E731
     return (u(3, 4, 2, 16), u(2, 5, 4, 2), u(2, 5, 4), u(4, 1), u(2, 5, 1, 16), u(2, 5, 1, 16),
             np.array([2, 0], np.int32))
+
+
+# -- the kernel's two vector products against their stated order, in Python floats --------------------------
+
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 40), rows=st.sampled_from([1, 4]))
+@settings(max_examples=examples(30), deadline=None)
+def test_row_block_products_are_their_stated_sums(seed, n, rows):
+    """simd.vqk64_* and simd.vpv64_*: each lane the f64 sum in index order that their docstrings state --
+    q.k from exact products (f32 x f32 fits an f64), e.v each product rounded, then added -- computed here
+    one Python float operation at a time (Python floats are IEEE f64: the same roundings)."""
+    from numba import njit
+    from refimpl.kernels import simd
+
+    rng = np.random.default_rng(seed)
+    lda, ldb, nkv = n + 3, 21, 50
+    a = (rng.standard_normal(rows * lda + 2) * 2.0 ** rng.integers(-30, 30, rows * lda + 2)).astype(np.float32)
+    B = rng.standard_normal(n * ldb + 16 + 5).astype(np.float32)
+    e = rng.random((rows, nkv)) * 2.0 ** rng.integers(-60, 5, (rows, nkv))
+    e[rng.random((rows, nkv)) < 0.2] = 0.0
+    J = np.sort(rng.choice(nkv, size=min(n, nkv), replace=False)).astype(np.intp)
+    V = rng.standard_normal(nkv * 19 + 16).astype(np.float32)
+    qk, pv = (simd.vqk64_4x16, simd.vpv64_4x16) if rows == 4 else (simd.vqk64_1x16, simd.vpv64_1x16)
+
+    @njit
+    def run(a, B, e, J, V, sc, o):
+        qk(a, 2, lda, n, B, 5, ldb, sc, 1, 17)
+        pv(e.reshape(-1), 0, nkv, J, 1, max(J.size - 1, 0), V, 3, 19, o, 2, 18)
+
+    sc = np.full(rows * 17 + 1, -1.0)
+    o0 = rng.standard_normal(rows * 18 + 2)
+    o = o0.copy()
+    run(a, B, e, J, V, sc, o)
+    for r in range(rows):
+        for lane in range(16):
+            want = 0.0
+            for i in range(n):
+                want = want + float(a[2 + r * lda + i]) * float(B[5 + i * ldb + lane])
+            assert sc[1 + r * 17 + lane].tobytes() == np.float64(want).tobytes(), (r, lane)
+            want = float(o0[2 + r * 18 + lane])
+            for t in range(1, J.size):
+                want = want + float(e[r, J[t]]) * float(V[3 + J[t] * 19 + lane])
+            assert o[2 + r * 18 + lane].tobytes() == np.float64(want).tobytes(), (r, lane)
