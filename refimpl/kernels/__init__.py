@@ -12,6 +12,7 @@ One module per op family, each listing its versions at the top:
     softmax.py     soft_max_ext
     rope.py        rope_ext, rope_ext_back (NORMAL and NEOX)
     rows.py        get_rows, set_rows
+    sort.py        argsort, top_k, argsort_top_k (integer keys: a partition for top_k)
     unary.py       silu, gelu, sigmoid, exp, relu, swiglu, geglu
     recurrent.py   rwkv_wkv6, rwkv_wkv7
     simd.py        vector dot products and block decoders written as LLVM IR (fast decode, dequantize)
@@ -38,7 +39,7 @@ import hashlib
 import os
 
 _FAMILIES = ("quants", "quantize", "matmul", "norm", "softmax", "rope", "rows", "unary", "recurrent", "attention",
-             "ssm", "faithful")
+             "ssm", "faithful", "sort")
 _STAMP = "refimpl_kernels.sources"
 
 

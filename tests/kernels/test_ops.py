@@ -23,7 +23,8 @@ from refimpl.testing import assert_bits_equal, assert_nmse, named_cases, op_case
 pytestmark = pytest.mark.equivalence
 
 OPS_WITH_KERNELS = ["rms_norm", "norm", "soft_max_ext", "rope_ext", "rope_ext_back", "get_rows", "silu",
-                    "sigmoid", "exp", "relu", "swiglu", "gelu", "geglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat"]
+                    "sigmoid", "exp", "relu", "swiglu", "gelu", "geglu", "rwkv_wkv6", "rwkv_wkv7", "mul_mat",
+                    "argsort", "top_k", "argsort_top_k"]
 # ggml-cpu's f16 GELU table in Numba: kernels of the ggml profile only (the exact op is the formula)
 GGML_PROFILE_KERNELS = ["gelu", "geglu"]
 N = max(10, settings().max_examples // 4)
@@ -223,3 +224,25 @@ def test_ggml_profile_kernel_matches_the_ggml_emulation(op, data):
         with refimpl.backend("numba"), np.errstate(all="ignore"):
             got = case.run()
     assert_bits_equal(_values(got), _values(ref), str(case))
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (7, 3), (64, 8), (1000, 3), (1000, 124), (1000, 125), (1000, 999),
+                                  (4099, 1), (4099, 4099)])
+def test_sort_kernels_order_ties_and_specials_as_the_reference(n, k):
+    """argsort, top_k and argsort_top_k under "numba" (integer keys; top_k partitions when k <= n/8) against
+    the reference's stable order on rows full of ties: -0 beside +0, NaNs of both signs and payloads, +-inf,
+    denormals, repeated values at and around top_k's cut."""
+    rng = np.random.default_rng(n * 1000 + k)
+    pool = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 1.0, -1.0, 2.5, 2.5],
+                    np.float32)
+    a = rng.choice(pool, size=(3, 2, n))
+    a[1] = rng.standard_normal((2, n)).astype(np.float32)
+    a[2, :, ::3] = np.float32(7.0)                      # ties at the cut of top_k
+    a.view(np.uint32)[0, 0, :n // 2][np.isnan(a[0, 0, :n // 2])] |= np.uint32(0x1234)      # NaN payloads
+    for fn, kw in ((refimpl.argsort, {"order": 0}), (refimpl.argsort, {"order": 1}), (refimpl.top_k, {"k": k}),
+                   (refimpl.argsort_top_k, {"k": k})):
+        with refimpl.backend("numpy"):
+            ref = fn(a, **kw)
+        with refimpl.backend("numba"):
+            got = fn(a, **kw)
+        assert_bits_equal(got, ref, f"{fn.__name__} {kw} n={n}")
