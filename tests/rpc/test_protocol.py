@@ -169,6 +169,43 @@ def test_out_of_bounds_tensor_closes_only_that_connection(server, rpc_log):
     good.close()
 
 
+@pytest.mark.parametrize("what, message", [
+    ("a region past the buffer's end", "outside its buffer"),
+    ("a tensor past the buffer's end", "outside its buffer"),
+    ("a buffer of no one", "names no buffer"),
+    ("q4_0 with ne0 off its block", "not a multiple of"),
+    ("an invalid type", "invalid tensor type"),
+])
+@pytest.mark.parametrize("cmd", ["SET_TENSOR", "GET_TENSOR"])
+def test_tensor_data_commands_check_every_field(server, rpc_log, what, message, cmd):
+    """SET_TENSOR and GET_TENSOR read only a tensor's type, buffer, ne, nb and data (no Node built): each
+    check the full parse makes still closes the connection with the error that names it, and a good
+    region right beside each bad one still round-trips."""
+    c = Client("127.0.0.1", server.port)
+    buf, _ = c.alloc_buffer(256)
+    base = c.buffer_get_base(buf)
+    good = T(1, "f32", [32], buf, base + 128)
+    c.set_tensor(good, np.arange(32, dtype=np.float32).tobytes())
+    assert c.get_tensor(good, 64, 64) == np.arange(16, 32, dtype=np.float32).tobytes()
+    t, offset = {"a region past the buffer's end": (good, 128),
+                 "a tensor past the buffer's end": (T(1, "f32", [33], buf, base + 128), 0),
+                 "a buffer of no one": (T(1, "f32", [4], buf + 1, base), 0),
+                 "q4_0 with ne0 off its block": (T(1, "q4_0", [32], buf, base), 0),
+                 "an invalid type": (T(1, "f32", [4], buf, base), 0)}[what]
+    if what == "an invalid type":
+        t = t[:8] + (99).to_bytes(4, "little") + t[12:]
+    if what == "q4_0 with ne0 off its block":
+        t = t[:20] + (31).to_bytes(4, "little") + t[24:]
+    if cmd == "SET_TENSOR":
+        c.set_tensor(t, bytes(16), offset)
+        with pytest.raises(ConnectionError):
+            c.device_count()
+    else:
+        with pytest.raises(ConnectionError):
+            c.get_tensor(t, offset, 16)
+    assert any(message in m for m in rpc_log.messages()), rpc_log.messages()
+
+
 def test_first_command_must_be_hello(server):
     c = Client("127.0.0.1", server.port, hello=False)
     c.send(Cmd.DEVICE_COUNT)
