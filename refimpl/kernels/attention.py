@@ -376,7 +376,7 @@ def _mha(q5, iq, k5, ik, v5, iv, mask, scale: float):
             return None
         m4 = mask.astype(np.float32, copy=False)
     else:
-        m4 = np.zeros((1, 1, 1, nk[1]), np.float32)                                 # read, never added
+        m4 = np.zeros((1, 1, 1, 1), np.float32)
     out = np.empty((S, T, H, D), np.float32)
     sc = np.float32(scale)
     per = max(1, PAR_MIN // max(1, T * N * D))
