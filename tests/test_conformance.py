@@ -158,9 +158,10 @@ def test_case_timeout_flag_is_checked(capsys):
 
 FAKE_TBO = r'''#!PYTHON
 """A stand-in for test-backend-ops: `support` lists N cases of ADD; `test` judges its selection in order (one
-line each into GGML_JUDGE_OUT) and dies with SIGSEGV on the case named by CRASH_ON; the cases named by REFUSE
-it lists as supported but refuses when it runs them, as ggml-vulkan does with CONV_1D_DW's bf16 kernels (on any
-device but CPU, which runs them; REFUSE=* refuses every case); with PIDS set it leaves a file named by its pid
+line each into GGML_JUDGE_OUT) and dies with SIGSEGV on the case named by CRASH_ON (with SIGABRT on the case
+named by CRASH_AFTER_OTHERS, unless it is the first case it runs: a heap corrupted by earlier cases); the cases
+named by REFUSE it lists as supported but refuses when it runs them, as ggml-vulkan does with CONV_1D_DW's bf16
+kernels (on any device but CPU, which runs them; REFUSE=* refuses every case); with PIDS set it leaves a file named by its pid
 there, and it takes SLOW seconds a case."""
 import os, signal, sys
 N = int(os.environ["FAKE_N"])
@@ -183,9 +184,9 @@ with open(os.environ["GGML_JUDGE_OUT"], "a") as f:
         if (refused == "*" or c in refused.split(";")) and args[args.index("-b") + 1] != "CPU":
             print(f"  {c}: not supported [Vulkan0] ", flush=True)
             continue
-        if c == os.environ.get("CRASH_ON"):
+        if c == os.environ.get("CRASH_ON") or (c == os.environ.get("CRASH_AFTER_OTHERS") and c != todo[0]):
             f.flush()
-            os.kill(os.getpid(), signal.SIGSEGV)
+            os.kill(os.getpid(), signal.SIGABRT if os.environ.get("CRASH_AFTER_OTHERS") else signal.SIGSEGV)
         f.write('{"op": "ADD", "case": "%s", "backend": "%s", "budget": 1e-7, "cpu_supported": true, '
                 '"err_backend": 0, "err_cpu": 0, "err_backend_cpu": 0}\n' % (c, args[args.index("-b") + 1]))
         f.flush()
@@ -212,6 +213,36 @@ def _fake_bin(tmp_path):
     fake.write_text(FAKE_TBO.replace("PYTHON", sys.executable))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     return bindir
+
+
+def test_a_case_the_process_died_on_runs_alone_and_is_judged_there(tmp_path):
+    """ggml-vulkan on lavapipe aborts ("malloc(): unaligned tcache chunk") on whichever case follows the heap's
+    corruption: MUL_MAT_W4A8(type_a=mxfp4,...,m=32,n=32) died in a run of 46 cases and passes alone. The judge
+    runs the case it died on once more alone: judged on that run when it ends (its record says how the run died
+    there), `backend wrong` only when it dies alone too."""
+    bindir = _fake_bin(tmp_path)
+    case = "ADD(type=f32,ne=[{}," + "1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding=" + "x" * 40 + ")"
+    n = 30
+    for mode, name in (("CRASH_AFTER_OTHERS", "in-sequence"), ("CRASH_ON", "always")):
+        out = tmp_path / name
+        out.mkdir()
+        env = {**os.environ, "FAKE_N": str(n), mode: case.format(10)}
+        raws, crashes, unsupported, _ = conformance._pass(bindir, "Vulkan0", "ADD", None, env, out, "",
+                                                          lambda msg: None, 0.0)
+        cases = [r["case"] for r in raws]
+        if mode == "CRASH_AFTER_OTHERS":
+            assert crashes == [] and sorted(cases) == sorted(case.format(i) for i in range(n))
+            (rec,) = [r for r in raws if r["case"] == case.format(10)]
+            assert rec["crash_in_sequence"] == "signal 6"
+            assert judge(rec)["verdict"] == "agree" and judge(rec)["crash_in_sequence"] == "signal 6"
+            assert sum("crash_in_sequence" in r for r in raws) == 1
+            meta = {"backend": "vulkan", "device": "Vulkan0", "about": "x", "cpu": "x", "date": "d", "seconds": 1.0}
+            report = write_report([judge(r) for r in raws], meta, out).read_text()
+            assert "## Where test-backend-ops died after earlier cases" in report
+            assert f"| `{case.format(10)}` | signal 6 | agree |" in report
+        else:
+            assert [c["case"] for c in crashes] == [case.format(10)] and len(cases) == n - 1
+            assert crashes[0]["crash"] == "signal 11" and "again when run alone" in crashes[0]["reason"]
 
 
 def test_the_cases_after_a_crash_go_on_in_batches_a_command_line_can_hold(tmp_path):

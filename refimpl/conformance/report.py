@@ -104,6 +104,14 @@ def write_report(records: list[dict], meta: dict, out, unsupported: list[str] = 
                      f"{_val(w.get('refimpl'))}") if w else ""
             lines.append(f"| {r['verdict']} | `{r['case']}` | {_fmt(r['err_backend'])} | {_fmt(r['err_cpu'])} | "
                          f"{_fmt(r['budget'])} | {where} | {r.get('reason', '')} |")
+    died = [r for r in records if r.get("crash_in_sequence")]
+    if died:
+        lines += ["", "## Where test-backend-ops died after earlier cases", "",
+                  "The process died on these cases in the middle of its run, and each ran through when run again "
+                  "alone (its verdict is that run's): a crash that follows earlier cases, such as a heap corrupted "
+                  "before it, is the backend's defect but not this case's.", "",
+                  "| case | how it died | verdict alone |", "|---|---|---|"]
+        lines += [f"| `{r['case']}` | {r['crash_in_sequence']} | {r['verdict']} |" for r in died]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -67,7 +67,7 @@ def judge(raw: dict) -> dict:
         rec["backend_supported"] = False             # ggml-cpu judged alone
     if why:
         rec["reason"] = why
-    for k in ("err_backend_cpu", "err_ref2", "ref_nan", "error"):
+    for k in ("err_backend_cpu", "err_ref2", "ref_nan", "error", "crash_in_sequence"):
         if raw.get(k) is not None:
             rec[k] = _num(raw[k]) if k.startswith("err_") else raw[k]
     if v != "agree" and "worst" in raw:
