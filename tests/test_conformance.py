@@ -161,8 +161,8 @@ FAKE_TBO = r'''#!PYTHON
 line each into GGML_JUDGE_OUT) and dies with SIGSEGV on the case named by CRASH_ON (with SIGABRT on the case
 named by CRASH_AFTER_OTHERS, unless it is the first case it runs: a heap corrupted by earlier cases); the cases
 named by REFUSE it lists as supported but refuses when it runs them, as ggml-vulkan does with CONV_1D_DW's bf16
-kernels (on any device but CPU, which runs them; REFUSE=* refuses every case); with PIDS set it leaves a file named by its pid
-there, and it takes SLOW seconds a case."""
+kernels (on any device but CPU, which runs them; REFUSE=* refuses every case); with PIDS set it leaves a file
+named by its pid there, and it takes SLOW seconds a case."""
 import os, signal, sys
 N = int(os.environ["FAKE_N"])
 cases = [f"ADD(type=f32,ne=[{i},1,1,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0,padding={'x' * 40})"
