@@ -16,6 +16,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -76,10 +77,33 @@ def site(tmp_path_factory):
     return site, r.returncode, r.stdout + r.stderr
 
 
+# What a notebook's Jupyter kernel logs about its own message loop (ipykernel sends the tornado logger to the real
+# stderr in logging's basic format, which mkdocs passes through): "Uncaught exception in ZMQStream callback" came
+# once in a CI run on a loaded machine, the build's exit status 0 and every page written; it is not the docs'
+# (a cell that raises fails the build itself), so it is shown with its traceback, not failed on.
+KERNEL_LOOP = ("ERROR:tornado.", "WARNING:tornado.", "ERROR:asyncio:", "WARNING:asyncio:")
+
+
+def _kernel_loop_reports(log: str) -> list[str]:
+    """Each line of `log` from a kernel's message loop, with the indented traceback under it."""
+    out, lines = [], log.splitlines()
+    for i, ln in enumerate(lines):
+        if ln.startswith(KERNEL_LOOP):
+            j = i + 1
+            while j < len(lines) and (lines[j].startswith((" ", "Traceback"))      # the traceback, and
+                                      or (j > i + 1 and lines[j - 1].startswith("    ")          # its last line
+                                          and not lines[j].startswith(("INFO", "WARNING", "ERROR")))):
+                j += 1
+            out.append("\n".join(lines[i:j]))
+    return out
+
+
 def test_mkdocs_build_strict(site):
     site, returncode, log = site
-    warnings = [ln for ln in log.splitlines() if ln.startswith(("WARNING", "ERROR"))]
-    assert returncode == 0 and not warnings, "\n".join(warnings) or log[-4000:]
+    bad = [ln for ln in log.splitlines() if ln.startswith(("WARNING", "ERROR")) and not ln.startswith(KERNEL_LOOP)]
+    assert returncode == 0 and not bad, "\n".join(bad) or log[-4000:]
+    for report in _kernel_loop_reports(log):
+        warnings.warn(f"a notebook kernel's message loop logged (not the docs'): {report}")
     for page in ("index.html", "ops/index.html", "ops/norm/index.html", "layouts/index.html", "models/index.html",
                  "testing/index.html", "notebooks/index.html", "notebooks/01_ggml_tensors/index.html"):
         assert (site / page).exists(), page
