@@ -59,11 +59,14 @@ def run(ops: list[tuple[str, str | None]], threads: int = 2) -> list[dict]:
     os.environ["REFIMPL_RPC_DEBUG"] = "1"                 # before refimpl.rpc is imported: per-op seconds
     sys.path.insert(0, str(ROOT / "scripts"))
     from llama_archs import _bin, ggml_rpc_server
+    from refimpl.ops import current_backend
     from refimpl.rpc import Server
     bindir = _bin()
     rows = []
+    backend = current_backend()       # what `refimpl serve` runs by default: numba when installed
     with ggml_rpc_server(threads=threads) as c_endpoint, \
-            Server("127.0.0.1", 0, numerics="exact") as exact, Server("127.0.0.1", 0, numerics="ggml") as ggml:
+            Server("127.0.0.1", 0, backend=backend, numerics="exact") as exact, \
+            Server("127.0.0.1", 0, backend=backend, numerics="ggml") as ggml:
         servers = {"ggml-rpc-server": (c_endpoint, None), "refimpl exact": (f"127.0.0.1:{exact.port}", exact),
                    "refimpl ggml": (f"127.0.0.1:{ggml.port}", ggml)}
         for k, (op, regex) in enumerate(ops):

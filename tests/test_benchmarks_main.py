@@ -136,3 +136,38 @@ def test_tbo_selections_keep_the_commas_of_their_regexes():
     assert tbo.parse_ops(",".join(tbo.SLICE), None) == want
     assert tbo.parse_ops("ADD,MUL_MAT:type_a=q8_0,SOFT_MAX", None) == [("ADD", None), ("MUL_MAT", "type_a=q8_0"),
                                                                       ("SOFT_MAX", None)]
+
+
+def test_tbo_serves_with_the_backend_refimpl_serve_runs(monkeypatch):
+    """The tbo part measures `refimpl serve` as its command line starts it: the Numba kernels when Numba is
+    installed. Its in-process servers took the Server class's own default (NumPy) and measured the reference
+    ops instead -- flash attention's einsum rather than its kernel -- until this was found."""
+    import contextlib
+    from benchmarks import tbo
+    from refimpl.ops import current_backend
+    import refimpl.rpc
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    class FakeServer:
+        def __init__(self, host, port, *, backend="numpy", numerics="exact", **kw):
+            seen.append((backend, numerics))
+
+        def __enter__(self):
+            if len(seen) == 2:
+                raise Stop
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(refimpl.rpc, "Server", FakeServer)
+    monkeypatch.syspath_prepend(str(tbo.ROOT / "scripts"))
+    import llama_archs
+    monkeypatch.setattr(llama_archs, "_bin", lambda: tbo.ROOT)
+    monkeypatch.setattr(llama_archs, "ggml_rpc_server", lambda threads: contextlib.nullcontext("127.0.0.1:1"))
+    with pytest.raises(Stop):
+        tbo.run([("ADD", None)])
+    assert seen == [(current_backend(), "exact"), (current_backend(), "ggml")]
