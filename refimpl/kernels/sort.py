@@ -10,7 +10,8 @@ Versions:
            index first among equals and at the cut), then only those k sorted: O(n + k log k) per row,
            where the reference sorts the whole row stably (test-backend-ops' TOP_K: rows of up to 524,299
            values, k mostly 1 to 15)
-Equal values order as in the reference: NaN above every number and the NaNs among themselves by index, -0
+Registered for every numerics key: an order has no roundings, so every profile gets the reference's result
+(ggml numerics included). Equal values order as in the reference: NaN above every number and the NaNs among themselves by index, -0
 equal to 0. Everything else (not f32, more than 4 dims, a bad k or order) runs the reference: same
 results, same errors.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..dispatch import register
+from ..dispatch import KEYS, register
 from ..ops import sort as ref_sort
 
 PARTITION_MAX = 8       # top_k partitions when k <= n / PARTITION_MAX, else sorts the whole row's keys
@@ -64,7 +65,7 @@ def _order(a2: np.ndarray, desc: bool, k: int) -> np.ndarray:
     return (keys % n).astype(np.int32)
 
 
-@register("argsort", backend="numba")
+@register("argsort", backend="numba", numerics=KEYS)
 def argsort(a, order: int = ref_sort.SORT_ORDER_ASC) -> np.ndarray:
     """ggml_argsort (see refimpl.ops.sort.argsort) by one sort of integer keys."""
     a2 = _rows(a)
@@ -80,13 +81,13 @@ def _top_k(name: str, a, k) -> np.ndarray:
     return _order(a2, True, int(k)).reshape(a.shape[:-1] + (int(k),))
 
 
-@register("top_k", backend="numba")
+@register("top_k", backend="numba", numerics=KEYS)
 def top_k(a, k: int) -> np.ndarray:
     """ggml_top_k (see refimpl.ops.sort.top_k): the k largest by a partition of integer keys."""
     return _top_k("top_k", a, k)
 
 
-@register("argsort_top_k", backend="numba")
+@register("argsort_top_k", backend="numba", numerics=KEYS)
 def argsort_top_k(a, k: int) -> np.ndarray:
     """ggml_argsort_top_k (see refimpl.ops.sort.argsort_top_k): as top_k (the same indices, same order)."""
     return _top_k("argsort_top_k", a, k)

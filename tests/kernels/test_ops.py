@@ -246,3 +246,22 @@ def test_sort_kernels_order_ties_and_specials_as_the_reference(n, k):
         with refimpl.backend("numba"):
             got = fn(a, **kw)
         assert_bits_equal(got, ref, f"{fn.__name__} {kw} n={n}")
+
+
+def test_sort_kernels_serve_every_numerics_profile():
+    """An order has no roundings: the sort kernels run under the ggml profiles too (the served suite's ggml
+    numerics took NumPy's stable argsort, twice exact numerics' time on TOP_K), with the reference's result."""
+    from refimpl.kernels import sort as ks
+    a = np.random.default_rng(3).standard_normal((2, 5000)).astype(np.float32)
+    calls = []
+    orig = ks._order
+    ks._order = lambda *args: calls.append(1) or orig(*args)
+    try:
+        for prof in ("exact", "fast", "ggml", "ggml-nollamafile"):
+            with refimpl.backend("numba"), refimpl.numerics(prof):
+                got = refimpl.top_k(a, 5)
+            with refimpl.backend("numpy"):
+                assert_bits_equal(got, refimpl.top_k(a, 5), prof)
+    finally:
+        ks._order = orig
+    assert len(calls) == 4
