@@ -11,9 +11,9 @@ Versions:
            where the reference sorts the whole row stably (test-backend-ops' TOP_K: rows of up to 524,299
            values, k mostly 1 to 15)
 Registered for every numerics key: an order has no roundings, so every profile gets the reference's result
-(ggml numerics included). Equal values order as in the reference: NaN above every number and the NaNs among themselves by index, -0
-equal to 0. Everything else (not f32, more than 4 dims, a bad k or order) runs the reference: same
-results, same errors.
+(ggml numerics included). Equal values order as in the reference: NaN above every number and the NaNs among
+themselves by index, -0 equal to 0. Everything else (not f32, more than 4 dims, a bad k or order) runs the
+reference: same results, same errors.
 """
 from __future__ import annotations
 
