@@ -13,6 +13,7 @@ the fuzzer adds does not land in the repository.
 """
 from __future__ import annotations
 
+import io
 import os
 import sys
 import tempfile
@@ -46,6 +47,10 @@ class MemorySocket:
         out = self.data[self.pos:self.pos + n]
         self.pos += len(out)
         return out
+
+    def makefile(self, mode="rb", buffering=-1):
+        """The connection's buffered reader over the remaining input (what socket.makefile gives it)."""
+        return io.BufferedReader(io.BytesIO(self.data[self.pos:]), max(buffering, 1))
 
     def sendall(self, b):
         pass
