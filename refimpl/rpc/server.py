@@ -144,6 +144,11 @@ _TENSOR_HEAD = struct.Struct("<QIQ4I4I")                  # rpc_tensor's id, typ
 _DATA_AT = RPC_TENSOR.fields["data"][1]
 
 
+def _span(b: "Buffer", start: int, size: int) -> np.ndarray | None:
+    """b's bytes [start, start + size), or None where that leaves the buffer (ggml-rpc's region check)."""
+    return b.mem[start:start + size] if 0 <= start < b.size and size <= b.size - start else None
+
+
 def nbytes(ne, nb, blck: int, tsize: int) -> int:
     """ggml_nbytes: the bytes from a tensor's first element to the end of its last one."""
     if any(n <= 0 for n in ne):
@@ -393,11 +398,11 @@ class Connection:
         b = n.buffer
         if b is None:
             raise ProtocolError(f"tensor {n.describe()} names no buffer of this connection")
-        start = n.data + offset - b.base
-        if start < 0 or start >= b.size or size > b.size - start:
+        region = _span(b, n.data + offset - b.base, size)
+        if region is None:
             raise ProtocolError(f"region offset {offset} size {size} of tensor {n.describe()} is outside its "
                                 f"buffer ({b.size} bytes)")
-        return b.mem[start:start + size]
+        return region
 
     def _view(self, n: Node, write: bool = False):
         """n's elements as a NumPy view of its buffer (QTensor for block types and BF16; a permuted BF16
@@ -776,10 +781,10 @@ class Connection:
         w, b = WIRE_TYPES.get(t), self.buffers.get(bid)
         if w is not None and t < TYPE_COUNT and b is not None and ne0 % w[1] == 0:
             size_t = nbytes((ne0, ne1, ne2, ne3), (nb0, nb1, nb2, nb3), w[1], w[2])
-            start = data + offset - b.base
-            if (data >= b.base and data + size_t <= b.base + b.size and 0 <= start < b.size
-                    and size <= b.size - start):
-                return b.mem[start:start + size]
+            if data >= b.base and data + size_t <= b.base + b.size:       # _node's check of the tensor
+                region = _span(b, data + offset - b.base, size)
+                if region is not None:
+                    return region
         return self._region(self._tensor(raw), offset, size)
 
     def _set_tensor(self, size: int) -> None:
