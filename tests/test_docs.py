@@ -85,14 +85,13 @@ KERNEL_LOOP = ("ERROR:tornado.", "WARNING:tornado.", "ERROR:asyncio:", "WARNING:
 
 
 def _kernel_loop_reports(log: str) -> list[str]:
-    """Each line of `log` from a kernel's message loop, with the indented traceback under it."""
+    """Each line of `log` from a kernel's message loop, with what follows it up to mkdocs' next log line (the
+    traceback)."""
     out, lines = [], log.splitlines()
     for i, ln in enumerate(lines):
         if ln.startswith(KERNEL_LOOP):
             j = i + 1
-            while j < len(lines) and (lines[j].startswith((" ", "Traceback"))      # the traceback, and
-                                      or (j > i + 1 and lines[j - 1].startswith("    ")          # its last line
-                                          and not lines[j].startswith(("INFO", "WARNING", "ERROR")))):
+            while j < len(lines) and not lines[j].startswith(("INFO", "WARNING", "ERROR")):
                 j += 1
             out.append("\n".join(lines[i:j]))
     return out
